@@ -1,0 +1,103 @@
+"""Run every ``benchmarks/bench_*.py`` and write one JSON file and a table.
+
+    python benchmarks/run.py [--quick] [--only AREA ...] [--output PATH]
+
+Results go to ``benchmarks/results/latest.json`` by default, with the machine
+they ran on. The same table is printed and written as Markdown next to it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import importlib.util
+import json
+import os
+import pathlib
+import platform
+import sys
+import traceback
+
+HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from _common import Metric  # noqa: E402
+
+
+def machine() -> dict[str, object]:
+    import torch
+
+    return {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpus": os.cpu_count(),
+        "torch": torch.__version__,
+        "cuda": torch.cuda.is_available(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def discover(only: list[str]) -> list[pathlib.Path]:
+    found = sorted(HERE.glob("bench_*.py"))
+    if only:
+        found = [p for p in found if p.stem.removeprefix("bench_") in only]
+    return found
+
+
+def run_module(path: pathlib.Path, quick: bool) -> list[Metric]:
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    metrics: list[Metric] = module.run(quick)
+    return metrics
+
+
+def table(metrics: list[Metric]) -> str:
+    rows = ["| area | metric | median | unit | samples | target | ok |", "|---|---|---|---|---|---|---|"]
+    for m in metrics:
+        target = "" if m.target is None else f"{m.target:g}"
+        ok = {None: "", True: "yes", False: "NO"}[m.within_target]
+        rows.append(
+            f"| {m.area} | {m.name} | {m.value:.4g} | {m.unit} | {m.samples} | {target} | {ok} |"
+        )
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer samples, for smoke runs")
+    parser.add_argument("--only", nargs="*", default=[], help="areas to run (bench_<area>.py)")
+    parser.add_argument("--output", type=pathlib.Path, default=HERE / "results" / "latest.json")
+    args = parser.parse_args(argv)
+
+    metrics: list[Metric] = []
+    failed: list[str] = []
+    for path in discover(args.only):
+        print(f"== {path.stem}", flush=True)
+        try:
+            metrics.extend(run_module(path, args.quick))
+        except Exception:
+            traceback.print_exc()
+            failed.append(path.stem)
+
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    report = {
+        "machine": machine(),
+        "metrics": [dataclasses.asdict(m) for m in metrics],
+        "failed": failed,
+    }
+    args.output.write_text(json.dumps(report, indent=2) + "\n")
+    text = table(metrics)
+    args.output.with_suffix(".md").write_text(text + "\n")
+    print(text)
+    print(f"\nwrote {args.output}")
+    if failed:
+        print(f"benchmarks that failed: {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed or not metrics else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,204 @@
+"""Every task the project runs: lint, typecheck, tests, integration, build, docs, bench.
+
+``nox -s ci`` runs everything CI needs. ``nox -l`` lists the sessions.
+
+torch is installed first in every venv that needs it and then pinned with a
+constraints file, so no later install can swap in another build (a CUDA wheel of
+several GB, say). ``NVRX_TORCH_SPEC`` chooses the torch requirement; the default
+is the CPU wheel ``torch==2.13.0``.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import shutil
+import sys
+
+import nox
+
+nox.needs_version = ">=2024.4.15"
+nox.options.default_venv_backend = "venv"
+nox.options.reuse_venv = "yes"
+nox.options.error_on_missing_interpreters = True
+nox.options.sessions = ["ci"]
+
+ROOT = pathlib.Path(__file__).resolve().parent
+TORCH_SPEC = os.environ.get("NVRX_TORCH_SPEC", "torch==2.13.0")
+
+# Each distribution and the siblings it declares, in install order.
+PACKAGES: dict[str, list[str]] = {
+    "nvrx-ft-core": [],
+    "nvrx-ft-launcher": ["nvrx-ft-core"],
+    "nvrx-straggler": [],
+    "nvrx-ptl": ["nvrx-ft-core", "nvrx-straggler"],
+}
+IMPORT_NAMES = {
+    "nvrx-ft-core": "nvrx.ft",
+    "nvrx-ft-launcher": "nvrx.launcher",
+    "nvrx-straggler": "nvrx.straggler",
+    "nvrx-ptl": "nvrx.ptl",
+}
+# What every session that runs the whole stack needs beside the four packages.
+STACK_EXTRAS = ["lightning>=2.1", "omegaconf>=2.3", "pytest>=8", "pytest-timeout>=2.3"]
+CI_SESSIONS = ["lint", "typecheck", "tests", "integration", "build", "docs"]
+
+
+def _pkg_dir(name: str) -> str:
+    return str(ROOT / "packages" / name)
+
+
+def install_torch(session: nox.Session) -> str:
+    """Install torch from ``NVRX_TORCH_SPEC`` and return a constraints file that pins it."""
+    session.install(TORCH_SPEC)
+    out = session.run(
+        "python", "-c", "import torch; print(torch.__version__)", silent=True, log=False
+    )
+    version = str(out).strip().splitlines()[-1]
+    constraints = pathlib.Path(session.create_tmp()) / "constraints.txt"
+    constraints.write_text(f"torch=={version}\n")
+    return str(constraints)
+
+
+def install_packages(session: nox.Session, names: list[str], *extra: str) -> str:
+    """Install torch, then ``names`` (editable, in order) and ``extra`` requirements."""
+    constraints = install_torch(session)
+    editable = [arg for name in names for arg in ("-e", _pkg_dir(name))]
+    session.install("-c", constraints, *editable, *extra)
+    return constraints
+
+
+def test_group(name: str) -> list[str]:
+    return nox.project.dependency_groups(
+        nox.project.load_toml(ROOT / "packages" / name / "pyproject.toml"), "test"
+    )
+
+
+def pytest_args(session: nox.Session, *paths: str) -> list[str]:
+    return ["pytest", "-c", str(ROOT / "pyproject.toml"), "--rootdir", str(ROOT), *paths]
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff lint and format check, and the one-version rule."""
+    session.install("ruff>=0.6")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+    session.run("python", "tools/version.py", "--check")
+
+
+@nox.session
+def typecheck(session: nox.Session) -> None:
+    """mypy --strict over each package and its tests, the integration tests and tools."""
+    install_packages(
+        session,
+        list(PACKAGES),
+        *STACK_EXTRAS,
+        "mypy>=1.10",
+        "nox>=2024.4.15",
+        "types-PyYAML",
+        "types-psutil",
+    )
+    config = str(ROOT / "pyproject.toml")
+    env = {"MYPYPATH": os.pathsep.join(str(ROOT / "packages" / n / "src") for n in PACKAGES)}
+    for name in PACKAGES:
+        session.chdir(_pkg_dir(name))
+        session.run("mypy", "--config-file", config, "src", "tests", env=env)
+    for folder in ("tests-integration", "benchmarks", "examples"):
+        session.chdir(ROOT / folder)
+        session.run("mypy", "--config-file", config, ".", env=env)
+    session.chdir(ROOT)
+    session.run("mypy", "--config-file", config, "noxfile.py", "tools", env=env)
+
+
+@nox.session
+@nox.parametrize("package", list(PACKAGES))
+def tests(session: nox.Session, package: str) -> None:
+    """One package's tests, in a venv holding only it, its declared deps and test tools."""
+    install_packages(session, [*PACKAGES[package], package], *test_group(package))
+    tests_dir = str(ROOT / "packages" / package / "tests")
+    session.run(*pytest_args(session, tests_dir), "-m", "not gpu", *session.posargs)
+
+
+@nox.session
+def integration(session: nox.Session) -> None:
+    """Cross-package tests: real ft_launcher runs, Lightning, the fault matrix."""
+    install_packages(session, list(PACKAGES), *STACK_EXTRAS)
+    paths = session.posargs or [str(ROOT / "tests-integration")]
+    session.run(*pytest_args(session, *paths), "-m", "not gpu")
+
+
+@nox.session
+def build(session: nox.Session) -> None:
+    """Build every wheel and sdist with hatch; install each wheel alone and import it."""
+    session.install("hatch>=1.9")
+    dist = ROOT / "dist"
+    shutil.rmtree(dist, ignore_errors=True)
+    for name in PACKAGES:
+        session.chdir(_pkg_dir(name))
+        session.run("hatch", "build", str(dist))
+    session.chdir(ROOT)
+    constraints = pathlib.Path(session.create_tmp()) / "constraints.txt"
+    constraints.write_text(f"{TORCH_SPEC}\n")
+    for name in PACKAGES:
+        wheel = next(dist.glob(f"{name.replace('-', '_')}-*.whl"))
+        venv = pathlib.Path(session.create_tmp()) / f"alone-{name}"
+        shutil.rmtree(venv, ignore_errors=True)
+        session.run(sys.executable, "-m", "venv", str(venv), external=True)
+        python = str(venv / "bin" / "python")
+        session.run(python, "-m", "pip", "install", "-q", TORCH_SPEC, external=True)
+        session.run(
+            python, "-m", "pip", "install", "-q", "-c", str(constraints),
+            "--find-links", str(dist), str(wheel), external=True,
+        )  # fmt: skip
+        session.run(
+            python, "-c",
+            f"import {IMPORT_NAMES[name]} as m; print(m.__name__, m.__version__)",
+            external=True,
+        )  # fmt: skip
+        shutil.rmtree(venv)
+
+
+@nox.session
+def docs(session: nox.Session) -> None:
+    """Sphinx HTML docs, warnings as errors."""
+    install_packages(session, list(PACKAGES), *STACK_EXTRAS, "sphinx>=7")
+    out = ROOT / "docs" / "_build" / "html"
+    session.run("sphinx-build", "-W", "--keep-going", "-n", "-b", "html", "docs", str(out))
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """Every benchmark of the four packages: one JSON file and a table."""
+    install_packages(session, list(PACKAGES), *STACK_EXTRAS)
+    session.run("python", "benchmarks/run.py", *session.posargs)
+
+
+@nox.session
+def gpu_tests(session: nox.Session) -> None:
+    """Tests marked gpu. Without a GPU this says so and runs nothing."""
+    install_packages(session, list(PACKAGES), *STACK_EXTRAS)
+    probe = "import torch; print(torch.cuda.is_available() and torch.cuda.device_count())"
+    found = str(session.run("python", "-c", probe, silent=True, log=False)).strip()
+    if found in ("False", "0", ""):
+        session.log("no CUDA GPU visible to torch: no gpu tests were run (this is not a pass)")
+        return
+    session.install("cupti-python>=12")
+    tests_dirs = [str(ROOT / "packages" / n / "tests") for n in PACKAGES]
+    args = pytest_args(session, *tests_dirs, str(ROOT / "tests-integration"))
+    # Exit code 5 (nothing collected) fails the session: gpu tests must exist.
+    session.run(*args, "-m", "gpu", *session.posargs)
+
+
+@nox.session
+def demo(session: nox.Session) -> None:
+    """The main job: a Lightning run under ft_launcher with injected faults."""
+    install_packages(session, list(PACKAGES), "lightning>=2.1")
+    session.run("python", "examples/demo/run_demo.py", *session.posargs)
+
+
+@nox.session(venv_backend="none")
+def ci(session: nox.Session) -> None:
+    """Everything CI needs, in order: lint, typecheck, tests, integration, build, docs."""
+    for name in CI_SESSIONS:
+        session.notify(name)
