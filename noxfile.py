@@ -85,6 +85,7 @@ def lint(session: nox.Session) -> None:
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
     session.run("python", "tools/version.py", "--check")
+    session.run("python", "tools/check_ci_command.py")
 
 
 @nox.session

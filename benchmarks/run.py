@@ -48,7 +48,8 @@ def discover(only: list[str]) -> list[pathlib.Path]:
 
 def run_module(path: pathlib.Path, quick: bool) -> list[Metric]:
     spec = importlib.util.spec_from_file_location(path.stem, path)
-    assert spec is not None and spec.loader is not None
+    assert spec is not None
+    assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     metrics: list[Metric] = module.run(quick)
@@ -56,7 +57,10 @@ def run_module(path: pathlib.Path, quick: bool) -> list[Metric]:
 
 
 def table(metrics: list[Metric]) -> str:
-    rows = ["| area | metric | median | unit | samples | target | ok |", "|---|---|---|---|---|---|---|"]
+    rows = [
+        "| area | metric | median | unit | samples | target | ok |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for m in metrics:
         target = "" if m.target is None else f"{m.target:g}"
         ok = {None: "", True: "yes", False: "NO"}[m.within_target]
