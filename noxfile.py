@@ -41,7 +41,14 @@ IMPORT_NAMES = {
 }
 # What every session that runs the whole stack needs beside the four packages.
 STACK_EXTRAS = ["lightning>=2.1", "omegaconf>=2.3", "pytest>=8", "pytest-timeout>=2.3"]
-CI_SESSIONS = ["lint", "typecheck", "tests", "integration", "build", "docs"]
+CI_SESSIONS = [
+    "lint",
+    "typecheck",
+    *(f"tests(package='{name}')" for name in PACKAGES),
+    "integration",
+    "build",
+    "docs",
+]
 
 
 def _pkg_dir(name: str) -> str:
@@ -163,7 +170,7 @@ def build(session: nox.Session) -> None:
 @nox.session
 def docs(session: nox.Session) -> None:
     """Sphinx HTML docs, warnings as errors."""
-    install_packages(session, list(PACKAGES), *STACK_EXTRAS, "sphinx>=7")
+    install_packages(session, list(PACKAGES), *STACK_EXTRAS, "sphinx>=7", "myst-parser>=3")
     out = ROOT / "docs" / "_build" / "html"
     session.run("sphinx-build", "-W", "--keep-going", "-n", "-b", "html", "docs", str(out))
 
@@ -201,5 +208,7 @@ def demo(session: nox.Session) -> None:
 @nox.session(venv_backend="none")
 def ci(session: nox.Session) -> None:
     """Everything CI needs, in order: lint, typecheck, tests, integration, build, docs."""
+    # A parametrized session must be notified once per parameter: notifying the bare
+    # name runs only its first parametrization.
     for name in CI_SESSIONS:
         session.notify(name)
