@@ -19,7 +19,6 @@ extensions = [
     "sphinx.ext.autodoc",
     "sphinx.ext.napoleon",
     "sphinx.ext.viewcode",
-    "sphinx.ext.intersphinx",
     "_ext.cli_reference",
 ]
 source_suffix = {".rst": "restructuredtext", ".md": "markdown"}
@@ -32,10 +31,6 @@ autodoc_typehints = "description"
 autodoc_member_order = "bysource"
 napoleon_google_docstring = True
 napoleon_numpy_docstring = False
-
-intersphinx_mapping = {"python": ("https://docs.python.org/3", None)}
-intersphinx_disabled_reftypes = ["*"]
-intersphinx_timeout = 2
 
 html_theme = "alabaster"
 html_static_path: list[str] = []
