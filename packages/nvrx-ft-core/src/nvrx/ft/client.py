@@ -1,0 +1,471 @@
+"""The rank side: heartbeats, sections and timeout calculation, talking to this rank's monitor.
+
+Heartbeats and section events are plain stores into a shared memory block the monitor
+reads, so they cost well under a microsecond, never block, and never fail because the
+monitor is slow, stopped or gone (that is noticed about once a second and logged
+once). Everything else (init, calculated timeouts, workload control requests) goes
+over the control socket as JSON frames.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import faulthandler
+import logging
+import os
+import select
+import socket
+import sys
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any, TextIO
+
+from nvrx.ft.config import FaultToleranceConfig
+from nvrx.ft.data import (
+    MONITOR_SOCKET_ENV,
+    HeartbeatTimeouts,
+    SectionTimeouts,
+    WorkloadControlRequest,
+)
+from nvrx.ft.protocol import PROTOCOL_VERSION, ProtocolError, encode_frame, recv_frame
+from nvrx.ft.shm import OOS_SINCE_NS, SECTIONS_USED, SharedBlock
+from nvrx.ft.timeouts_calc import SectionAction, TimeoutsCalc, TimeoutsCalcError
+
+__all__ = ["RankMonitorClient", "RankMonitorClientError"]
+
+_NS = 1_000_000_000
+_CONTROL_TIMEOUT_S = 10.0
+_PROBE_PERIOD_NS = _NS
+
+
+class RankMonitorClientError(Exception):
+    """Misuse of the client, or a control request the monitor could not carry out."""
+
+
+def _current_rank() -> int:
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return int(dist.get_rank())
+    rank = os.environ.get("RANK")
+    if rank is None:
+        return 0
+    try:
+        return int(rank)
+    except ValueError:
+        raise RankMonitorClientError(f"$RANK={rank!r} is not an integer") from None
+
+
+def _dist_ready() -> bool:
+    dist = sys.modules.get("torch.distributed")
+    return bool(dist is not None and dist.is_available() and dist.is_initialized())
+
+
+def _dump_stream() -> TextIO | None:
+    for stream in (sys.stderr, sys.__stderr__):
+        try:
+            if stream is not None:
+                stream.fileno()
+                return stream
+        except (OSError, ValueError, AttributeError):
+            continue
+    return None
+
+
+class RankMonitorClient:
+    """Connects a training rank to its monitor. Create it, then ``init_workload_monitoring()``.
+
+    Attributes follow NVRx: ``cfg`` (the monitor's config, after init), ``hb_timeouts``
+    and ``section_timeouts`` (the timeouts in force), ``timeouts_calc``,
+    ``is_initialized``, and ``loaded_hb_timeouts``/``loaded_section_timeouts`` (from
+    :meth:`load_state_dict`).
+    """
+
+    CURRENT_TIMEOUTS_STATE_KEY = "current_timeouts"
+
+    def __init__(self) -> None:
+        self.logger = logging.getLogger("nvrx.ft.RankMonitorClient")
+        self.cfg: FaultToleranceConfig | None = None
+        self.rank: int | None = None
+        self.rank_monitor_socket: str | None = None
+        self.is_initialized = False
+        self.timeouts_calc: TimeoutsCalc | None = None
+        self.hb_timeouts: HeartbeatTimeouts | None = None
+        self.section_timeouts: SectionTimeouts | None = None
+        self.loaded_hb_timeouts: HeartbeatTimeouts | None = None
+        self.loaded_section_timeouts: SectionTimeouts | None = None
+        self._sock: socket.socket | None = None
+        self._lock = threading.Lock()
+        self._block: SharedBlock | None = None
+        self._slots: Any = None
+        self._hb_slot = 0
+        self._section_slot: dict[str, int] = {}
+        self._open_count = 0
+        self._sections_used = False
+        self._next_probe_ns = 0
+        self._monitor_lost = False
+        self._dump_signal: int | None = None
+
+    # ------------------------------------------------------------- lifecycle
+
+    def init_workload_monitoring(self) -> None:
+        """Connect to the monitor named by ``$NVRX_FT_MONITOR_SOCKET`` and start monitoring."""
+        if self.is_initialized:
+            raise RankMonitorClientError("init_workload_monitoring() was already called")
+        path = os.environ.get(MONITOR_SOCKET_ENV)
+        if not path:
+            raise RankMonitorClientError(
+                f"${MONITOR_SOCKET_ENV} is not set: run the rank under ft_launcher "
+                "(or set it to a RankMonitorServer socket)"
+            )
+        rank = _current_rank()
+        dump_stream = _dump_stream()
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(_CONTROL_TIMEOUT_S)
+        try:
+            sock.connect(path)
+            sock.sendall(
+                encode_frame(
+                    {
+                        "type": "init",
+                        "v": PROTOCOL_VERSION,
+                        "rank": rank,
+                        "local_rank": int(os.environ.get("LOCAL_RANK", "-1") or -1),
+                        "host": socket.gethostname(),
+                        "stack_dump": dump_stream is not None,
+                    }
+                )
+            )
+            reply, fds = recv_frame(sock, max_fds=1)
+        except (OSError, ProtocolError) as exc:
+            sock.close()
+            raise RankMonitorClientError(f"cannot reach the rank monitor at {path}: {exc}") from exc
+        try:
+            if not reply.get("ok"):
+                raise RankMonitorClientError(f"rank monitor refused init: {reply.get('error')}")
+            if len(fds) != 1:
+                raise RankMonitorClientError("rank monitor sent no shared memory block")
+            cfg = FaultToleranceConfig.from_kwargs(**reply["config"])
+            sections = list(reply["sections"])
+            block = SharedBlock(fds[0], len(sections))
+        except (KeyError, TypeError, ValueError, OSError) as exc:
+            sock.close()
+            raise RankMonitorClientError(f"bad init reply from the rank monitor: {exc}") from exc
+        except BaseException:
+            sock.close()
+            raise
+        finally:
+            for fd in fds:
+                os.close(fd)
+        slots_info = reply["slots"]
+        self._sock = sock
+        self._block = block
+        self._slots = block.slots
+        self._hb_slot = int(slots_info["last_hb_ns"])
+        base = int(slots_info["section_base"])
+        self._section_slot = {name: base + i for i, name in enumerate(sections)}
+        self._open_count = 0
+        self._sections_used = False
+        self._monitor_lost = False
+        self._next_probe_ns = time.monotonic_ns() + _PROBE_PERIOD_NS
+        self.cfg = cfg
+        self.rank = rank
+        self.rank_monitor_socket = path
+        self.timeouts_calc = TimeoutsCalc(
+            sections=sections,
+            start_time=int(reply["init_ns"]) / _NS,
+            safety_factor=cfg.safety_factor,
+        )
+        self.hb_timeouts = HeartbeatTimeouts(
+            cfg.initial_rank_heartbeat_timeout, cfg.rank_heartbeat_timeout, were_calculated=False
+        )
+        self.section_timeouts = SectionTimeouts(
+            section=dict(cfg.rank_section_timeouts),
+            out_of_section=cfg.rank_out_of_section_timeout,
+        )
+        if dump_stream is not None and cfg.stack_dump_signal is not None:
+            faulthandler.register(cfg.stack_dump_signal, file=dump_stream, all_threads=True)
+            self._dump_signal = int(cfg.stack_dump_signal)
+        self.is_initialized = True
+        if self.loaded_hb_timeouts is not None or self.loaded_section_timeouts is not None:
+            self._apply_loaded()
+
+    def shutdown_workload_monitoring(self) -> None:
+        """Stop monitoring this rank (the monitor stops checking it) and disconnect."""
+        if not self.is_initialized:
+            return
+        self.is_initialized = False
+        sock = self._sock
+        self._sock = None
+        if sock is not None:
+            with contextlib.suppress(OSError, ProtocolError):
+                sock.settimeout(2.0)
+                sock.sendall(encode_frame({"type": "shutdown"}))
+                recv_frame(sock)
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+        if self._dump_signal is not None:
+            faulthandler.unregister(self._dump_signal)
+            self._dump_signal = None
+        self._slots = None
+        if self._block is not None:
+            self._block.close()
+            self._block = None
+
+    # -------------------------------------------------------------- hot path
+
+    def send_heartbeat(self) -> None:
+        """Tell the monitor this rank is alive. Never blocks; costs well under a microsecond."""
+        slots = self._slots
+        if slots is None:
+            raise RankMonitorClientError("send_heartbeat() before init_workload_monitoring()")
+        t = time.monotonic_ns()
+        slots[self._hb_slot] = t
+        calc = self.timeouts_calc
+        assert calc is not None
+        calc.update_on_heartbeat(t / _NS)
+        if t >= self._next_probe_ns:
+            self._probe_monitor(t)
+
+    def start_section(self, section: str) -> None:
+        """Open a named section (a configured one); sections may nest or overlap."""
+        slots = self._slots
+        if slots is None:
+            raise RankMonitorClientError("start_section() before init_workload_monitoring()")
+        slot = self._section_slot.get(section)
+        if slot is None:
+            raise RankMonitorClientError(
+                f"Unknown section {section!r}; configured sections: {sorted(self._section_slot)}"
+            )
+        if slots[slot]:
+            raise RankMonitorClientError(f"Section {section!r} is already open")
+        t = time.monotonic_ns()
+        slots[slot] = t
+        if not self._open_count:
+            slots[OOS_SINCE_NS] = 0
+            if not self._sections_used:
+                self._sections_used = True
+                slots[SECTIONS_USED] = 1
+        self._open_count += 1
+        calc = self.timeouts_calc
+        assert calc is not None
+        calc.update_on_section_event(section, SectionAction.OPEN, t / _NS)
+        if t >= self._next_probe_ns:
+            self._probe_monitor(t)
+
+    def end_section(self, section: str) -> None:
+        """Close a section opened with :meth:`start_section`."""
+        slots = self._slots
+        if slots is None:
+            raise RankMonitorClientError("end_section() before init_workload_monitoring()")
+        slot = self._section_slot.get(section)
+        if slot is None:
+            raise RankMonitorClientError(
+                f"Unknown section {section!r}; configured sections: {sorted(self._section_slot)}"
+            )
+        if not slots[slot]:
+            raise RankMonitorClientError(f"Section {section!r} is not open")
+        t = time.monotonic_ns()
+        self._open_count -= 1
+        if not self._open_count:
+            slots[OOS_SINCE_NS] = t
+        slots[slot] = 0
+        calc = self.timeouts_calc
+        assert calc is not None
+        calc.update_on_section_event(section, SectionAction.CLOSE, t / _NS)
+
+    def end_all_sections(self) -> None:
+        """Close every open section (a no-op when none is open)."""
+        slots = self._slots
+        if slots is None:
+            raise RankMonitorClientError("end_all_sections() before init_workload_monitoring()")
+        if not self._open_count:
+            return
+        t = time.monotonic_ns()
+        slots[OOS_SINCE_NS] = t
+        for slot in self._section_slot.values():
+            slots[slot] = 0
+        self._open_count = 0
+        calc = self.timeouts_calc
+        assert calc is not None
+        calc.update_on_section_event(None, SectionAction.CLOSE_ALL, t / _NS)
+
+    def _probe_monitor(self, now_ns: int) -> None:
+        """About once a second: notice (and log once) that the monitor went away."""
+        self._next_probe_ns = now_ns + _PROBE_PERIOD_NS
+        sock = self._sock
+        if sock is None or self._monitor_lost:
+            return
+        try:
+            # select first: a socket with a timeout would wait in recv despite MSG_DONTWAIT.
+            readable, _, _ = select.select([sock], [], [], 0)
+            gone = bool(readable) and sock.recv(1, socket.MSG_PEEK) == b""
+        except (BlockingIOError, InterruptedError):
+            gone = False
+        except (OSError, ValueError):
+            gone = True
+        if gone:
+            self._monitor_lost = True
+            self.logger.warning(
+                "rank monitor at %s is gone: hang detection is off for this rank; "
+                "training continues and the launcher handles the monitor",
+                self.rank_monitor_socket,
+            )
+
+    # ---------------------------------------------------------- control path
+
+    def _request(self, message: dict[str, Any]) -> dict[str, Any]:
+        sock = self._sock
+        if sock is None:
+            raise RankMonitorClientError("not connected to a rank monitor")
+        with self._lock:
+            try:
+                sock.sendall(encode_frame(message))
+                reply, _ = recv_frame(sock)
+            except (OSError, ProtocolError) as exc:
+                raise RankMonitorClientError(f"rank monitor did not answer: {exc}") from exc
+        if not reply.get("ok"):
+            raise RankMonitorClientError(
+                f"rank monitor refused {message['type']}: {reply.get('error')}"
+            )
+        return reply
+
+    def _send_timeouts(self, hb: HeartbeatTimeouts | None, section: SectionTimeouts | None) -> None:
+        message: dict[str, Any] = {"type": "set_timeouts", "heartbeat": None, "section": None}
+        if hb is not None:
+            message["heartbeat"] = {"initial": hb.initial, "subsequent": hb.subsequent}
+        if section is not None:
+            message["section"] = {
+                "section": dict(section.section),
+                "out_of_section": section.out_of_section,
+            }
+        try:
+            self._request(message)
+        except RankMonitorClientError as exc:
+            if not self._monitor_lost:
+                self._monitor_lost = True
+                self.logger.warning("could not send timeouts to the rank monitor: %s", exc)
+
+    def _require_init(self, what: str) -> TimeoutsCalc:
+        if not self.is_initialized or self.timeouts_calc is None:
+            raise RankMonitorClientError(f"{what}() before init_workload_monitoring()")
+        return self.timeouts_calc
+
+    def calculate_and_set_hb_timeouts(self, skip_if_not_ready: bool = False) -> bool:
+        """Collective: calculate heartbeat timeouts from all ranks' data and apply them.
+
+        Returns False (with ``skip_if_not_ready``) or raises when no rank has two heartbeats.
+        """
+        calc = self._require_init("calculate_and_set_hb_timeouts")
+        if _dist_ready():
+            calc.synchronize_all()
+        if not calc.can_get_hb_timeouts():
+            if skip_if_not_ready:
+                return False
+            raise RankMonitorClientError("Not enough data to compute heartbeat timeouts.")
+        self.hb_timeouts = calc.get_hb_timeouts(current=self.hb_timeouts)
+        self._send_timeouts(self.hb_timeouts, None)
+        self.logger.info("calculated %s", self.hb_timeouts)
+        return True
+
+    def calculate_and_set_section_timeouts(
+        self,
+        selected_sections: Iterable[str] | None = None,
+        calc_out_of_section: bool = True,
+        skip_if_not_ready: bool = False,
+    ) -> bool:
+        """Collective: calculate section (and out-of-section) timeouts and apply them."""
+        calc = self._require_init("calculate_and_set_section_timeouts")
+        selected = None if selected_sections is None else list(selected_sections)
+        try:
+            calc.maybe_bump_oos_time()
+            if _dist_ready():
+                calc.synchronize_all()
+            ready = calc.can_get_section_timeouts(selected, calc_out_of_section)
+            if not ready:
+                if skip_if_not_ready:
+                    return False
+                raise RankMonitorClientError("Not enough data to compute section timeouts.")
+            self.section_timeouts = calc.get_section_timeouts(
+                selected, calc_out_of_section, current=self.section_timeouts
+            )
+        except TimeoutsCalcError as exc:
+            raise RankMonitorClientError(str(exc)) from exc
+        self._send_timeouts(None, self.section_timeouts)
+        self.logger.info("calculated %s", self.section_timeouts)
+        return True
+
+    def send_workload_control_request(self, req: WorkloadControlRequest) -> None:
+        """Ask the launcher (through the monitor) to exclude this node or stop the workload."""
+        self._require_init("send_workload_control_request")
+        if not isinstance(req, WorkloadControlRequest):
+            raise RankMonitorClientError(f"{req!r} is not a WorkloadControlRequest")
+        self._request(
+            {"type": "workload_control", "action": req.action.name, "description": req.description}
+        )
+
+    # ---------------------------------------------------------------- state
+
+    def state_dict(self) -> dict[str, Any]:
+        """The calculated timeouts, JSON-serialisable and identical on all ranks."""
+        current: dict[str, Any] = {}
+        hb = self.hb_timeouts
+        if hb is not None and hb.were_calculated and hb.are_valid:
+            current["heartbeat"] = dataclasses.asdict(hb)
+        sec = self.section_timeouts
+        if sec is not None and (sec.calculated_sections or sec.is_out_of_section_calculated):
+            data = dataclasses.asdict(sec)
+            data["calculated_sections"] = sorted(sec.calculated_sections)
+            current["section"] = data
+        return {self.CURRENT_TIMEOUTS_STATE_KEY: current}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore calculated timeouts; before init they are applied at init."""
+        try:
+            current = state[self.CURRENT_TIMEOUTS_STATE_KEY]
+            hb = current.get("heartbeat")
+            sec = current.get("section")
+            loaded_hb = None if hb is None else HeartbeatTimeouts(**hb)
+            loaded_sec = None if sec is None else SectionTimeouts(**sec)
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise RankMonitorClientError(f"not a RankMonitorClient state_dict: {exc}") from exc
+        for value in _timeout_values(loaded_hb, loaded_sec):
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0
+            ):
+                raise RankMonitorClientError(f"bad timeout {value!r} in state_dict")
+        self.loaded_hb_timeouts = loaded_hb
+        self.loaded_section_timeouts = loaded_sec
+        if self.is_initialized:
+            self._apply_loaded()
+
+    def _apply_loaded(self) -> None:
+        hb, sec = self.loaded_hb_timeouts, self.loaded_section_timeouts
+        if sec is not None and self.section_timeouts is not None:
+            unknown = sorted(set(sec.section) - set(self.section_timeouts.section))
+            if unknown:
+                self.logger.warning("ignoring loaded timeouts of unconfigured sections %s", unknown)
+                sec = dataclasses.replace(
+                    sec,
+                    section={k: v for k, v in sec.section.items() if k not in unknown},
+                    calculated_sections=sec.calculated_sections - set(unknown),
+                )
+            merged = dict(self.section_timeouts.section)
+            merged.update(sec.section)
+            sec = dataclasses.replace(sec, section=merged)
+        if hb is not None:
+            self.hb_timeouts = hb
+        if sec is not None:
+            self.section_timeouts = sec
+        self._send_timeouts(hb, sec)
+
+
+def _timeout_values(hb: HeartbeatTimeouts | None, sec: SectionTimeouts | None) -> list[object]:
+    values: list[object] = []
+    if hb is not None:
+        values += [hb.initial, hb.subsequent]
+    if sec is not None:
+        values += [sec.out_of_section, *sec.section.values()]
+    return values

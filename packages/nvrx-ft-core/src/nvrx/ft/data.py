@@ -1,0 +1,108 @@
+"""Plain value types shared by the rank, its monitor and the launcher."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+
+__all__ = [
+    "MONITOR_SOCKET_ENV",
+    "HeartbeatTimeouts",
+    "SectionTimeouts",
+    "WorkloadAction",
+    "WorkloadControlRequest",
+]
+
+#: Environment variable holding the path of this rank's monitor socket (set by the launcher).
+MONITOR_SOCKET_ENV = "NVRX_FT_MONITOR_SOCKET"
+
+
+@dataclasses.dataclass
+class HeartbeatTimeouts:
+    """The two heartbeat timeouts in seconds (``None`` disables one) and their origin."""
+
+    initial: float | None = None
+    subsequent: float | None = None
+    were_calculated: bool | None = None
+
+    @property
+    def are_valid(self) -> bool:
+        """True when both timeouts are set."""
+        return self.initial is not None and self.subsequent is not None
+
+    def __str__(self) -> str:
+        return (
+            f"HeartbeatTimeouts(initial={_fmt(self.initial)}, "
+            f"subsequent={_fmt(self.subsequent)}, were_calculated={self.were_calculated})"
+        )
+
+
+@dataclasses.dataclass
+class SectionTimeouts:
+    """Per-section and out-of-section timeouts in seconds, and which ones were calculated."""
+
+    section: dict[str, float | None] = dataclasses.field(default_factory=dict)
+    out_of_section: float | None = None
+    calculated_sections: set[str] = dataclasses.field(default_factory=set)
+    is_out_of_section_calculated: bool = False
+
+    def __post_init__(self) -> None:
+        self.section = dict(self.section)
+        self.calculated_sections = set(self.calculated_sections)
+
+    @property
+    def were_calculated(self) -> bool:
+        """True when every section and the out-of-section timeout were calculated."""
+        return self.calculated_sections == set(self.section) and self.is_out_of_section_calculated
+
+    @property
+    def are_valid(self) -> bool:
+        """True when every section timeout and the out-of-section timeout are set."""
+        return self.out_of_section is not None and all(v is not None for v in self.section.values())
+
+    def __str__(self) -> str:
+        sections = ", ".join(f"{k}={_fmt(v)}" for k, v in sorted(self.section.items()))
+        return (
+            f"SectionTimeouts(section={{{sections}}}, out_of_section={_fmt(self.out_of_section)}, "
+            f"calculated_sections={sorted(self.calculated_sections)}, "
+            f"is_out_of_section_calculated={self.is_out_of_section_calculated})"
+        )
+
+
+def _fmt(value: float | None) -> str:
+    return "None" if value is None else f"{value:.2f}"
+
+
+class WorkloadAction(enum.Enum):
+    """What a rank asks the launcher to do with the workload."""
+
+    Continue = 0
+    ExcludeThisNode = 1
+    ShutdownWorkload = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkloadControlRequest:
+    """A rank's request to the launcher, with a human-readable reason."""
+
+    action: WorkloadAction
+    description: str = "<not set>"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.action, WorkloadAction):
+            raise ValueError(
+                f"WorkloadControlRequest.action: {self.action!r} is not a WorkloadAction"
+            )
+        if not isinstance(self.description, str):
+            raise ValueError(
+                f"WorkloadControlRequest.description: {self.description!r} is not a string"
+            )
+
+
+def workload_action_from_name(name: object) -> WorkloadAction:
+    """The action named ``name`` (its enum name); a ValueError names a bad one."""
+    if isinstance(name, str) and name in WorkloadAction.__members__:
+        return WorkloadAction[name]
+    raise ValueError(
+        f"workload action {name!r} is not one of {', '.join(WorkloadAction.__members__)}"
+    )

@@ -1,0 +1,159 @@
+"""Events a monitor sends to its launcher: one JSON object per Unix datagram.
+
+See ``docs/design/launcher-monitor-contract.md``. The launcher parses with
+:func:`parse_monitor_event`; the monitor sends with :class:`EventSender`, which never
+blocks and logs a failed send once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import os
+import socket
+from typing import Any
+
+__all__ = [
+    "EVENT_CAUSES",
+    "EVENT_KINDS",
+    "EVENT_VERSION",
+    "EventSender",
+    "MonitorEvent",
+    "parse_monitor_event",
+]
+
+EVENT_VERSION = 1
+EVENT_KINDS = frozenset(
+    {"rank_connected", "rank_disconnected", "rank_terminated", "workload_control"}
+)
+EVENT_CAUSES = frozenset(
+    {
+        "initial_heartbeat_timeout",
+        "heartbeat_timeout",
+        "section_timeout",
+        "out_of_section_timeout",
+        "gpu_health",
+        "nic_health",
+    }
+)
+_ACTIONS = frozenset({"Continue", "ExcludeThisNode", "ShutdownWorkload"})
+_MAX_EVENT_BYTES = 16 * 1024
+
+
+@dataclasses.dataclass(frozen=True)
+class MonitorEvent:
+    """One event from a rank monitor. Fields beyond the common five depend on ``event``."""
+
+    event: str
+    local_rank: int
+    rank: int
+    pid: int
+    v: int = EVENT_VERSION
+    cause: str | None = None
+    section: str | None = None
+    observed_s: float | None = None
+    limit_s: float | None = None
+    message: str | None = None
+    action: str | None = None
+    description: str | None = None
+
+    def to_bytes(self) -> bytes:
+        """The datagram for this event (``None`` fields left out)."""
+        body = {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+        return json.dumps(body, separators=(",", ":"), allow_nan=False).encode("utf-8")
+
+
+def _require(cond: bool, why: str) -> None:
+    if not cond:
+        raise ValueError(f"bad monitor event: {why}")
+
+
+def parse_monitor_event(data: bytes) -> MonitorEvent:
+    """Validate and parse one datagram; a ValueError says what is wrong with it."""
+    _require(len(data) <= _MAX_EVENT_BYTES, f"{len(data)} bytes is too long")
+    try:
+        body = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ValueError(f"bad monitor event: not UTF-8 JSON ({exc})") from None
+    _require(isinstance(body, dict), "not a JSON object")
+    assert isinstance(body, dict)
+    _require(body.get("v") == EVENT_VERSION, f"version {body.get('v')!r} is not {EVENT_VERSION}")
+    kind = body.get("event")
+    _require(kind in EVENT_KINDS, f"unknown event {kind!r}")
+    for key in ("local_rank", "rank", "pid"):
+        value = body.get(key)
+        _require(
+            isinstance(value, int) and not isinstance(value, bool), f"{key}={value!r} not an int"
+        )
+    allowed = {"v", "event", "local_rank", "rank", "pid"}
+    if kind == "rank_terminated":
+        allowed |= {"cause", "section", "observed_s", "limit_s", "message"}
+        _require(body.get("cause") in EVENT_CAUSES, f"unknown cause {body.get('cause')!r}")
+        _require(isinstance(body.get("message"), str), "message is not a string")
+        _require(body.get("section") is None or isinstance(body["section"], str), "bad section")
+        for key in ("observed_s", "limit_s"):
+            value = body.get(key)
+            _require(
+                value is None
+                or (
+                    isinstance(value, (int, float))
+                    and not isinstance(value, bool)
+                    and math.isfinite(value)
+                ),
+                f"{key}={value!r} is not a number",
+            )
+    elif kind == "workload_control":
+        allowed |= {"action", "description"}
+        _require(body.get("action") in _ACTIONS, f"unknown action {body.get('action')!r}")
+        _require(isinstance(body.get("description"), str), "description is not a string")
+    extra = sorted(set(body) - allowed)
+    _require(not extra, f"unexpected fields {extra} for {kind}")
+    fields: dict[str, Any] = dict(body)
+    for key in ("observed_s", "limit_s"):
+        if fields.get(key) is not None:
+            fields[key] = float(fields[key])
+    return MonitorEvent(**fields)
+
+
+class EventSender:
+    """Sends events to the launcher's datagram socket without ever blocking."""
+
+    def __init__(self, path: str | os.PathLike[str] | None, logger: logging.Logger) -> None:
+        self._path = None if path is None else os.fspath(path)
+        self._logger = logger
+        self._warned = False
+        self._sock: socket.socket | None = None
+        if self._path is not None:
+            self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+            self._sock.setblocking(False)
+
+    @property
+    def enabled(self) -> bool:
+        """True when a launcher listens for events."""
+        return self._sock is not None
+
+    def send(self, event: MonitorEvent) -> bool:
+        """Send one event; a failure is logged once and the event dropped."""
+        if self._sock is None or self._path is None:
+            return False
+        try:
+            self._sock.sendto(event.to_bytes(), self._path)
+        except OSError as exc:
+            if not self._warned:
+                self._warned = True
+                self._logger.warning(
+                    "could not send %s event to %s (%s); further failures are not logged",
+                    event.event,
+                    self._path,
+                    exc,
+                )
+            return False
+        return True
+
+    def close(self) -> None:
+        """Close the socket."""
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None

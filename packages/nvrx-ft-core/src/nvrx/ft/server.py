@@ -1,0 +1,718 @@
+"""The rank monitor: one process per local rank that terminates the rank when it hangs.
+
+It listens on a Unix socket in a private runtime directory for the rank's control
+channel, hands each rank a shared memory block for heartbeats and sections, and checks
+that block whenever a timeout falls due (and at least every ``workload_check_interval``).
+It serves successive ranks of its local slot across restarts; each new rank starts from
+the configured timeouts (calculated ones come back through the rank's state_dict).
+It exits when its parent dies and removes its socket when it exits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import pathlib
+import select
+import selectors
+import signal
+import socket
+import stat
+import struct
+import subprocess
+import sys
+import time
+from typing import Any
+
+from nvrx.ft.config import FaultToleranceConfig
+from nvrx.ft.data import workload_action_from_name
+from nvrx.ft.detection import ActiveTimeouts, Violation, find_violation, next_deadline_ns
+from nvrx.ft.events import EventSender, MonitorEvent
+from nvrx.ft.health import HealthChecks, HealthError
+from nvrx.ft.protocol import (
+    MAX_MESSAGE_BYTES,
+    FrameReader,
+    ProtocolError,
+    decode_payload,
+    encode_frame,
+    validate_request,
+)
+from nvrx.ft.runtime import check_private_dir
+from nvrx.ft.shm import LAST_HB_NS, OOS_SINCE_NS, SECTION_BASE, SECTIONS_USED, SharedBlock
+from nvrx.ft.termination import RankProcess, Terminator
+
+__all__ = ["RANK_MONITOR_INIT_TIMEOUT", "MonitorProcess", "RankMonitorServer"]
+
+#: Default seconds :meth:`MonitorProcess.wait_ready` waits for a monitor to come up.
+RANK_MONITOR_INIT_TIMEOUT = 30.0
+_NS = 1_000_000_000
+_PARENT_CHECK_NS = _NS // 4
+_REPLY_TIMEOUT_S = 2.0
+_UCRED = struct.Struct("3i")
+
+
+class _RankFilter(logging.Filter):
+    def __init__(self, server: RankMonitorServer) -> None:
+        super().__init__()
+        self._server = server
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        watched = self._server._watched
+        record.ftrank = "<none>" if watched is None else str(watched.rank)
+        record.local_rank = self._server.local_rank
+        return True
+
+
+def _make_logger(server: RankMonitorServer, level: int) -> logging.Logger:
+    logger = logging.getLogger(f"nvrx.ft.monitor.{server.local_rank}")
+    logger.setLevel(level)
+    logger.propagate = False
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(
+            logging.Formatter(
+                "[%(asctime)s] [%(levelname)s] [RankMonitor%(process)d:local_rank %(local_rank)s"
+                ":rank %(ftrank)s] %(message)s"
+            )
+        )
+        logger.addHandler(handler)
+    logger.addFilter(_RankFilter(server))
+    return logger
+
+
+@dataclasses.dataclass
+class _Conn:
+    sock: socket.socket
+    pid: int
+    uid: int
+    reader: FrameReader = dataclasses.field(default_factory=FrameReader)
+
+
+@dataclasses.dataclass
+class _Watched:
+    conn: _Conn
+    proc: RankProcess
+    rank: int
+    local_rank: int
+    init_ns: int
+    block: SharedBlock
+    sections: tuple[str, ...]
+    timeouts: ActiveTimeouts
+    stack_dump: bool
+
+
+def _peer_credentials(sock: socket.socket) -> tuple[int, int]:
+    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
+    pid, uid, _gid = _UCRED.unpack(raw)
+    return pid, uid
+
+
+class RankMonitorServer:
+    """The monitor of one local rank slot. Run it with :meth:`run_in_subprocess`."""
+
+    def __init__(
+        self,
+        cfg: FaultToleranceConfig,
+        socket_path: str | os.PathLike[str],
+        *,
+        local_rank: int = 0,
+        events_socket: str | os.PathLike[str] | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.socket_path = pathlib.Path(socket_path)
+        self.local_rank = local_rank
+        self._watched: _Watched | None = None
+        self.logger = _make_logger(self, cfg.log_level)
+        self._events = EventSender(events_socket, self.logger)
+        self._health = HealthChecks(cfg, local_rank, self.logger)
+        self._conns: dict[socket.socket, _Conn] = {}
+        self._terminations: list[Terminator] = []
+        self._sel = selectors.DefaultSelector()
+        self._listener: socket.socket | None = None
+        self._socket_ino: int | None = None
+        self._stopping = False
+        self._ppid = os.getppid()
+        self._next_health_ns = 0
+
+    # ----------------------------------------------------------------- lifecycle
+
+    def _bind(self) -> socket.socket:
+        path = self.socket_path
+        check_private_dir(path.parent)
+        if path.exists() or path.is_symlink():
+            mode = path.lstat().st_mode
+            if not stat.S_ISSOCK(mode):
+                raise FileExistsError(f"{path} exists and is not a socket; not removing it")
+            probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                probe.connect(os.fspath(path))
+            except (ConnectionRefusedError, FileNotFoundError):
+                self.logger.warning("removing stale socket %s", path)
+                path.unlink(missing_ok=True)
+            else:
+                raise RuntimeError(f"another monitor is already listening on {path}")
+            finally:
+                probe.close()
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(os.fspath(path))
+        os.chmod(path, 0o600)
+        self._socket_ino = path.stat().st_ino
+        listener.listen(16)
+        listener.setblocking(False)
+        return listener
+
+    def serve(self, ready_fd: int | None = None) -> int:
+        """Bind, report readiness on ``ready_fd``, and serve until stopped or orphaned."""
+        wake_r, wake_w = socket.socketpair()
+        wake_r.setblocking(False)
+        wake_w.setblocking(False)
+        old_wakeup = signal.set_wakeup_fd(wake_w.fileno())
+        handlers = {
+            sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)
+        }
+        try:
+            self._listener = self._bind()
+            self._sel.register(self._listener, selectors.EVENT_READ, "accept")
+            self._sel.register(wake_r, selectors.EVENT_READ, "wake")
+            self.logger.info("listening on %s (pid %d)", self.socket_path, os.getpid())
+            if ready_fd is not None:
+                os.write(ready_fd, b"ready\n")
+                os.close(ready_fd)
+            self._loop(wake_r)
+            return 0
+        finally:
+            signal.set_wakeup_fd(old_wakeup)
+            for sig, handler in handlers.items():
+                signal.signal(sig, handler)
+            self._cleanup()
+            wake_r.close()
+            wake_w.close()
+
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        self._stopping = True
+
+    def _cleanup(self) -> None:
+        if self._watched is not None:
+            self._forget("monitor stopping")
+        for conn in list(self._conns.values()):
+            self._close_conn(conn)
+        for term in self._terminations:
+            term.proc.close()
+        self._terminations.clear()
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
+            try:
+                if self.socket_path.stat().st_ino == self._socket_ino:
+                    self.socket_path.unlink()
+            except FileNotFoundError:
+                pass
+        self._health.close()
+        self._events.close()
+        self._sel.close()
+        self.logger.info("stopped")
+
+    # ---------------------------------------------------------------- main loop
+
+    def _loop(self, wake: socket.socket) -> None:
+        check_ns = int(self.cfg.workload_check_interval * _NS)
+        next_parent_check = 0
+        while not self._stopping:
+            now = time.monotonic_ns()
+            if now >= next_parent_check:
+                next_parent_check = now + _PARENT_CHECK_NS
+                if os.getppid() != self._ppid:
+                    self.logger.warning("parent process %d is gone; exiting", self._ppid)
+                    return
+            try:
+                wake_at = self._tick(now)
+            except Exception:
+                # A bug here must never end hang detection: log it and keep checking.
+                self.logger.exception("internal error while checking the rank")
+                wake_at = now + check_ns
+            wake_at = min(wake_at, now + check_ns, next_parent_check)
+            timeout = max(0.001, (wake_at - time.monotonic_ns()) / _NS)
+            for key, _mask in self._sel.select(timeout):
+                try:
+                    self._dispatch(key.data, wake)
+                except Exception:
+                    self.logger.exception("internal error while serving a connection")
+
+    def _dispatch(self, data: object, wake: socket.socket) -> None:
+        if data == "accept":
+            self._accept()
+        elif data == "wake":
+            with contextlib.suppress(BlockingIOError):
+                wake.recv(4096)
+        elif isinstance(data, _Conn):
+            self._on_readable(data)
+        # "pidfd": the next tick notices the exit
+
+    def _tick(self, now: int) -> int:
+        """Check the watched rank and advance terminations; return the next wake-up time."""
+        wake_at = now + 3600 * _NS
+        watched = self._watched
+        if watched is not None:
+            if watched.proc.has_exited():
+                self.logger.info("rank pid %d exited", watched.proc.pid)
+                self._forget("rank exited")
+            else:
+                snap = watched.block.snapshot(watched.sections)
+                violation = find_violation(snap, watched.timeouts, watched.init_ns, now)
+                if violation is not None:
+                    self._terminate(violation)
+                else:
+                    deadline = next_deadline_ns(snap, watched.timeouts, watched.init_ns)
+                    if deadline is not None:
+                        wake_at = min(wake_at, deadline + 1)
+        if self._watched is not None:
+            if now >= self._next_health_ns:
+                self._next_health_ns = now + int(self.cfg.node_health_check_interval * _NS)
+                self._check_health()
+            wake_at = min(wake_at, self._next_health_ns)
+        for term in list(self._terminations):
+            due = term.advance(now)
+            if due is None:
+                self._terminations.remove(term)
+                with contextlib.suppress(KeyError, ValueError):
+                    self._sel.unregister(term.proc.pidfd)
+                term.proc.close()
+            else:
+                wake_at = min(wake_at, due)
+        return wake_at
+
+    def _check_health(self) -> None:
+        try:
+            self._health.check()
+        except HealthError as exc:
+            self._terminate(Violation(exc.cause, 0.0, 0.0), detail=str(exc))
+
+    # -------------------------------------------------------------- termination
+
+    def _terminate(self, violation: Violation, detail: str | None = None) -> None:
+        watched = self._watched
+        assert watched is not None
+        message = detail or violation.message
+        self.logger.error(
+            "terminating rank %d (pid %d): %s", watched.rank, watched.proc.pid, message
+        )
+        self._events.send(
+            MonitorEvent(
+                event="rank_terminated",
+                local_rank=self.local_rank,
+                rank=watched.rank,
+                pid=watched.proc.pid,
+                cause=violation.cause,
+                section=violation.section,
+                observed_s=None if detail else round(violation.observed_s, 6),
+                limit_s=None if detail else round(violation.limit_s, 6),
+                message=message,
+            )
+        )
+        term = Terminator(
+            watched.proc,
+            term_signal=self.cfg.rank_termination_signal,
+            grace_period_s=self.cfg.rank_termination_grace_period,
+            dump_signal=self.cfg.stack_dump_signal if watched.stack_dump else None,
+            logger=self.logger,
+        )
+        self._terminations.append(term)
+        self._sel.unregister(watched.proc.pidfd)
+        self._sel.register(watched.proc.pidfd, selectors.EVENT_READ, "pidfd")
+        self._release_watched(keep_proc=True)
+        term.advance(time.monotonic_ns())
+
+    # ------------------------------------------------------------- connections
+
+    def _accept(self) -> None:
+        assert self._listener is not None
+        try:
+            sock, _ = self._listener.accept()
+        except (BlockingIOError, InterruptedError):
+            return
+        pid, uid = _peer_credentials(sock)
+        if uid != os.getuid():
+            self.logger.warning(
+                "rejected connection from pid %d: uid %d is not ours (%d)", pid, uid, os.getuid()
+            )
+            sock.close()
+            return
+        sock.settimeout(_REPLY_TIMEOUT_S)
+        conn = _Conn(sock, pid, uid)
+        self._conns[sock] = conn
+        self._sel.register(sock, selectors.EVENT_READ, conn)
+        self.logger.debug("connection from pid %d", pid)
+
+    def _close_conn(self, conn: _Conn) -> None:
+        if self._watched is not None and self._watched.conn is conn:
+            self._forget("control connection closed")
+        self._conns.pop(conn.sock, None)
+        with contextlib.suppress(KeyError, ValueError):
+            self._sel.unregister(conn.sock)
+        conn.sock.close()
+
+    def _on_readable(self, conn: _Conn) -> None:
+        try:
+            data = conn.sock.recv(MAX_MESSAGE_BYTES)
+        except (BlockingIOError, InterruptedError, TimeoutError):
+            return
+        except OSError as exc:
+            self.logger.info("connection from pid %d failed: %s", conn.pid, exc)
+            self._close_conn(conn)
+            return
+        if not data:
+            if conn.reader.pending:
+                self.logger.warning(
+                    "pid %d closed its connection in the middle of a message "
+                    "(%d bytes pending); dropped",
+                    conn.pid,
+                    conn.reader.pending,
+                )
+            self._close_conn(conn)
+            return
+        try:
+            payloads = conn.reader.feed(data)
+        except ProtocolError as exc:
+            self.logger.warning("closing connection from pid %d: %s", conn.pid, exc)
+            self._reply(conn, {"ok": False, "error": str(exc)})
+            self._close_conn(conn)
+            return
+        for payload in payloads:
+            if conn.sock not in self._conns:
+                return
+            self._handle(conn, payload)
+
+    def _reply(self, conn: _Conn, message: dict[str, Any], fds: list[int] | None = None) -> bool:
+        frame = encode_frame(message)
+        try:
+            if fds:
+                sent = socket.send_fds(conn.sock, [frame], fds)
+                if sent < len(frame):
+                    conn.sock.sendall(frame[sent:])
+            else:
+                conn.sock.sendall(frame)
+        except OSError as exc:
+            self.logger.warning("could not reply to pid %d: %s", conn.pid, exc)
+            return False
+        return True
+
+    def _handle(self, conn: _Conn, payload: bytes) -> None:
+        try:
+            message = validate_request(decode_payload(payload))
+        except ProtocolError as exc:
+            self.logger.warning("rejected malformed message from pid %d: %s", conn.pid, exc)
+            self._reply(conn, {"ok": False, "error": f"malformed message: {exc}"})
+            return
+        kind = message["type"]
+        try:
+            if kind == "init":
+                self._on_init(conn, message)
+            elif kind == "set_timeouts":
+                self._on_set_timeouts(conn, message)
+            elif kind == "workload_control":
+                self._on_workload_control(conn, message)
+            else:
+                self._on_shutdown(conn)
+        except ProtocolError as exc:
+            self.logger.warning("rejected %s from pid %d: %s", kind, conn.pid, exc)
+            self._reply(conn, {"ok": False, "error": str(exc)})
+
+    # ---------------------------------------------------------------- requests
+
+    def _on_init(self, conn: _Conn, message: dict[str, Any]) -> None:
+        if self._watched is not None:
+            if self._watched.conn is conn:
+                raise ProtocolError("this connection already initialised monitoring")
+            self.logger.warning(
+                "new rank pid %d replaces rank pid %d, which is no longer monitored",
+                conn.pid,
+                self._watched.proc.pid,
+            )
+            self._forget("replaced by a new rank")
+        try:
+            proc = RankProcess(conn.pid)
+        except OSError as exc:
+            raise ProtocolError(f"cannot watch pid {conn.pid}: {exc}") from None
+        cfg = self.cfg
+        sections = tuple(sorted(cfg.rank_section_timeouts))
+        init_ns = time.monotonic_ns()
+        block, fd = SharedBlock.create(len(sections), init_ns)
+        watched = _Watched(
+            conn=conn,
+            proc=proc,
+            rank=message["rank"],
+            local_rank=message["local_rank"],
+            init_ns=init_ns,
+            block=block,
+            sections=sections,
+            timeouts=ActiveTimeouts(
+                initial_heartbeat=cfg.initial_rank_heartbeat_timeout,
+                heartbeat=cfg.rank_heartbeat_timeout,
+                sections=dict(cfg.rank_section_timeouts),
+                out_of_section=cfg.rank_out_of_section_timeout,
+            ),
+            stack_dump=message["stack_dump"],
+        )
+        reply = {
+            "ok": True,
+            "config": cfg.to_dict(),
+            "sections": list(sections),
+            "init_ns": init_ns,
+            "slots": {
+                "last_hb_ns": LAST_HB_NS,
+                "oos_since_ns": OOS_SINCE_NS,
+                "sections_used": SECTIONS_USED,
+                "section_base": SECTION_BASE,
+            },
+        }
+        try:
+            sent = self._reply(conn, reply, [fd])
+        finally:
+            os.close(fd)
+        if not sent:
+            block.close()
+            proc.close()
+            return
+        self._watched = watched
+        self._sel.register(proc.pidfd, selectors.EVENT_READ, "pidfd")
+        self._next_health_ns = 0
+        self.logger.info(
+            "monitoring rank %d (local rank %d, pid %d, host %s); timeouts: %s",
+            watched.rank,
+            watched.local_rank,
+            proc.pid,
+            message["host"],
+            self._describe(watched.timeouts),
+        )
+        self._event("rank_connected", watched)
+
+    def _on_set_timeouts(self, conn: _Conn, message: dict[str, Any]) -> None:
+        watched = self._watched
+        if watched is None or watched.conn is not conn:
+            raise ProtocolError("set_timeouts before init")
+        t = watched.timeouts
+        initial, heartbeat, sections, oos = (
+            t.initial_heartbeat,
+            t.heartbeat,
+            t.sections,
+            t.out_of_section,
+        )
+        hb = message.get("heartbeat")
+        if hb is not None:
+            initial, heartbeat = hb.get("initial"), hb.get("subsequent")
+        sec = message.get("section")
+        if sec is not None:
+            unknown = sorted(set(sec["section"]) - set(watched.sections))
+            if unknown:
+                raise ProtocolError(
+                    f"unknown sections {unknown}; configured: {list(watched.sections)}"
+                )
+            sections = {**sections, **sec["section"]}
+            oos = sec.get("out_of_section")
+        watched.timeouts = ActiveTimeouts(initial, heartbeat, sections, oos)
+        self.logger.info("timeouts updated: %s", self._describe(watched.timeouts))
+        self._reply(conn, {"ok": True})
+
+    def _on_workload_control(self, conn: _Conn, message: dict[str, Any]) -> None:
+        try:
+            action = workload_action_from_name(message["action"])
+        except ValueError as exc:
+            raise ProtocolError(str(exc)) from None
+        watched = self._watched
+        rank = watched.rank if watched is not None and watched.conn is conn else -1
+        self.logger.info(
+            "rank %d (pid %d) requests %s: %s", rank, conn.pid, action.name, message["description"]
+        )
+        if not self._events.enabled:
+            raise ProtocolError("no launcher is listening for workload control requests")
+        sent = self._events.send(
+            MonitorEvent(
+                event="workload_control",
+                local_rank=self.local_rank,
+                rank=rank,
+                pid=conn.pid,
+                action=action.name,
+                description=message["description"],
+            )
+        )
+        if not sent:
+            raise ProtocolError("the launcher could not be reached")
+        self._reply(conn, {"ok": True})
+
+    def _on_shutdown(self, conn: _Conn) -> None:
+        if self._watched is not None and self._watched.conn is conn:
+            self._forget("rank shut down monitoring")
+        self._reply(conn, {"ok": True})
+
+    # ------------------------------------------------------------------ helpers
+
+    def _event(self, kind: str, watched: _Watched) -> None:
+        self._events.send(
+            MonitorEvent(
+                event=kind, local_rank=self.local_rank, rank=watched.rank, pid=watched.proc.pid
+            )
+        )
+
+    def _forget(self, why: str) -> None:
+        watched = self._watched
+        assert watched is not None
+        snap = watched.block.snapshot(watched.sections)
+        if snap.open_sections:
+            self.logger.warning(
+                "stopped monitoring rank %d (%s) with sections still open: %s",
+                watched.rank,
+                why,
+                [name for name, _ in snap.open_sections],
+            )
+        else:
+            self.logger.info("stopped monitoring rank %d (%s)", watched.rank, why)
+        self._event("rank_disconnected", watched)
+        with contextlib.suppress(KeyError, ValueError):
+            self._sel.unregister(watched.proc.pidfd)
+        self._release_watched(keep_proc=False)
+
+    def _release_watched(self, *, keep_proc: bool) -> None:
+        watched = self._watched
+        assert watched is not None
+        self._watched = None
+        watched.block.close()
+        if not keep_proc:
+            watched.proc.close()
+
+    @staticmethod
+    def _describe(t: ActiveTimeouts) -> str:
+        return json.dumps(dataclasses.asdict(t))
+
+    # ------------------------------------------------------------- subprocess
+
+    @staticmethod
+    def run_in_subprocess(
+        cfg: FaultToleranceConfig,
+        socket_path: str | os.PathLike[str],
+        *,
+        local_rank: int = 0,
+        events_socket: str | os.PathLike[str] | None = None,
+        stderr: int | None = None,
+        env: dict[str, str] | None = None,
+    ) -> MonitorProcess:
+        """Start a monitor process and return at once; see :class:`MonitorProcess`.
+
+        The child is a fresh interpreter (not a fork) running
+        ``python -m nvrx.ft.monitor_main --socket PATH ...``, which never imports torch.
+        Call :meth:`MonitorProcess.wait_ready` before starting the rank; start several
+        monitors first and wait for them afterwards to overlap their start-up. The
+        monitor dies with this process (PDEATHSIG plus parent polling), so call this
+        from a thread that lives as long as the caller. Its log goes to ``stderr``
+        (a file descriptor; default: ours).
+        """
+        read_fd, write_fd = os.pipe()
+        try:
+            cmd = [
+                sys.executable,
+                "-m",
+                "nvrx.ft.monitor_main",
+                "--socket",
+                os.fspath(socket_path),
+                "--local-rank",
+                str(local_rank),
+                "--ready-fd",
+                str(write_fd),
+                "--config-json",
+                json.dumps(cfg.to_dict()),
+                "--parent-pid",
+                str(os.getpid()),
+            ]
+            if events_socket is not None:
+                cmd += ["--events-socket", os.fspath(events_socket)]
+            popen = subprocess.Popen(
+                cmd, pass_fds=(write_fd,), stdin=subprocess.DEVNULL, stderr=stderr, env=env
+            )
+        except BaseException:
+            os.close(read_fd)
+            raise
+        finally:
+            os.close(write_fd)
+        return MonitorProcess(popen, read_fd, pathlib.Path(socket_path))
+
+
+class MonitorProcess:
+    """Handle on a monitor started by :meth:`RankMonitorServer.run_in_subprocess`."""
+
+    def __init__(
+        self, popen: subprocess.Popen[bytes], ready_fd: int, socket_path: pathlib.Path
+    ) -> None:
+        self._popen = popen
+        self._ready_fd: int | None = ready_fd
+        self._ready = False
+        self.socket_path = socket_path
+
+    @property
+    def pid(self) -> int:
+        """The monitor's process id."""
+        return self._popen.pid
+
+    @property
+    def returncode(self) -> int | None:
+        """Exit status once it has exited, else None."""
+        return self._popen.poll()
+
+    def is_alive(self) -> bool:
+        """True while the monitor process runs."""
+        return self._popen.poll() is None
+
+    def wait_ready(self, timeout: float = RANK_MONITOR_INIT_TIMEOUT) -> None:
+        """Block until the monitor listens; RuntimeError if it died or did not come up in time."""
+        if self._ready:
+            return
+        fd = self._ready_fd
+        if fd is None:
+            raise RuntimeError(f"rank monitor (pid {self.pid}) never became ready")
+        deadline = time.monotonic() + timeout
+        data = b""
+        while b"\n" not in data:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise RuntimeError(f"rank monitor (pid {self.pid}) not ready after {timeout:.1f} s")
+            ready, _, _ = select.select([fd], [], [], left)
+            if ready:
+                chunk = os.read(fd, 64)
+                if not chunk:
+                    self._close_ready_fd()
+                    code = self._popen.wait(timeout=5.0)
+                    raise RuntimeError(
+                        f"rank monitor (pid {self.pid}) exited with code {code} before it was ready"
+                    )
+                data += chunk
+        self._close_ready_fd()
+        self._ready = True
+
+    def _close_ready_fd(self) -> None:
+        if self._ready_fd is not None:
+            os.close(self._ready_fd)
+            self._ready_fd = None
+
+    def terminate(self) -> None:
+        """Send SIGTERM without waiting (stop many monitors in parallel, then ``stop``)."""
+        if self._popen.poll() is None:
+            self._popen.terminate()
+
+    def stop(self, timeout: float = 5.0) -> int:
+        """SIGTERM, then SIGKILL after ``timeout``; return the exit status."""
+        self._close_ready_fd()
+        if self._popen.poll() is None:
+            self._popen.terminate()
+            try:
+                return self._popen.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self._popen.kill()
+        return self._popen.wait()
+
+    def kill(self) -> None:
+        """SIGKILL the monitor (tests, and a launcher that gave up on it)."""
+        if self._popen.poll() is None:
+            self._popen.kill()
+        self._popen.wait()
+        self._close_ready_fd()

@@ -1,0 +1,74 @@
+"""A scripted training rank for the tests: ``python rank_worker.py '<json list of steps>'``.
+
+Each step is ``[name, *args]``: init, hb, open NAME, try_open NAME, close NAME, close_all, sleep S,
+beat_for S INTERVAL, ignore_sigterm, say TEXT, hang, stop_self, shutdown, calc_hb,
+calc_sections, control ACTION, exit CODE. Markers go to stdout; the stack dump to stderr.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+
+from nvrx.ft import (
+    RankMonitorClient,
+    RankMonitorClientError,
+    WorkloadAction,
+    WorkloadControlRequest,
+)
+
+
+def main() -> int:
+    steps = json.loads(sys.argv[1])
+    client = RankMonitorClient()
+    for step in steps:
+        name, args = step[0], step[1:]
+        if name == "init":
+            client.init_workload_monitoring()
+        elif name == "hb":
+            client.send_heartbeat()
+        elif name == "open":
+            client.start_section(args[0])
+        elif name == "try_open":
+            try:
+                client.start_section(args[0])
+            except RankMonitorClientError as exc:
+                print(f"refused: {exc}", flush=True)
+        elif name == "close":
+            client.end_section(args[0])
+        elif name == "close_all":
+            client.end_all_sections()
+        elif name == "sleep":
+            time.sleep(args[0])
+        elif name == "beat_for":
+            end = time.monotonic() + args[0]
+            while time.monotonic() < end:
+                client.send_heartbeat()
+                time.sleep(args[1])
+        elif name == "ignore_sigterm":
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        elif name == "say":
+            print(args[0], flush=True)
+        elif name == "hang":
+            while True:
+                time.sleep(1)
+        elif name == "stop_self":
+            os.kill(os.getpid(), signal.SIGSTOP)
+        elif name == "shutdown":
+            client.shutdown_workload_monitoring()
+        elif name == "control":
+            client.send_workload_control_request(
+                WorkloadControlRequest(WorkloadAction[args[0]], "from the test")
+            )
+        elif name == "exit":
+            return int(args[0])
+        else:
+            raise SystemExit(f"unknown step {name!r}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

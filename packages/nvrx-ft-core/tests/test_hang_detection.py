@@ -1,0 +1,137 @@
+"""Each timeout kind fires, and only then; real monitor and rank processes, real signals."""
+
+from __future__ import annotations
+
+import signal
+from typing import TYPE_CHECKING
+
+import pytest
+
+if TYPE_CHECKING:
+    from tests.conftest import Events, MakeConfig, MonitorFactory, RankFactory
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(90)]
+
+
+def test_heartbeats_keep_rank_alive_then_missing_heartbeat_is_detected(
+    make_config: MakeConfig, start_monitor: MonitorFactory, start_rank: RankFactory, events: Events
+) -> None:
+    start_monitor(make_config(rank_heartbeat_timeout=0.8, initial_rank_heartbeat_timeout=5.0))
+    rank = start_rank([["init"], ["beat_for", 2.5, 0.05], ["say", "beats-done"], ["hang"]])
+    assert events.wait("rank_connected").pid == rank.pid
+    rank.wait_output("beats-done")
+    ev = events.wait("rank_terminated")
+    assert ev.cause == "heartbeat_timeout"
+    assert ev.limit_s == pytest.approx(0.8)
+    assert ev.observed_s is not None
+    assert ev.observed_s >= 0.8
+    assert rank.wait_exit() == -signal.SIGTERM
+    assert "Current thread" in rank.output() or "Thread 0x" in rank.output()
+
+
+def test_missing_first_heartbeat(
+    make_config: MakeConfig, start_monitor: MonitorFactory, start_rank: RankFactory, events: Events
+) -> None:
+    start_monitor(make_config(initial_rank_heartbeat_timeout=0.5, rank_heartbeat_timeout=0.5))
+    rank = start_rank([["init"], ["hang"]])
+    ev = events.wait("rank_terminated")
+    assert ev.cause == "initial_heartbeat_timeout"
+    assert (ev.rank, ev.pid) == (0, rank.pid)
+    rank.wait_exit()
+
+
+def test_nested_sections_outer_overdue_while_inner_fine(
+    make_config: MakeConfig, start_monitor: MonitorFactory, start_rank: RankFactory, events: Events
+) -> None:
+    start_monitor(make_config(rank_section_timeouts={"outer": 1.0, "inner": 30.0}))
+    rank = start_rank([["init"], ["open", "outer"], ["open", "inner"], ["hang"]])
+    ev = events.wait("rank_terminated")
+    assert (ev.cause, ev.section) == ("section_timeout", "outer")
+    rank.wait_exit()
+
+
+def test_sections_within_limits_then_out_of_section_timeout(
+    make_config: MakeConfig, start_monitor: MonitorFactory, start_rank: RankFactory, events: Events
+) -> None:
+    start_monitor(make_config(rank_section_timeouts={"step": 1.0}, rank_out_of_section_timeout=1.0))
+    steps: list[list[object]] = [["init"]]
+    for _ in range(8):
+        steps += [["open", "step"], ["sleep", 0.2], ["close", "step"], ["sleep", 0.1]]
+    rank = start_rank([*steps, ["say", "steps-done"], ["hang"]])
+    rank.wait_output("steps-done")
+    ev = events.wait("rank_terminated")
+    assert ev.cause == "out_of_section_timeout"
+    rank.wait_exit()
+
+
+def test_sections_only_workload_is_not_killed_for_missing_heartbeats(
+    make_config: MakeConfig, start_monitor: MonitorFactory, start_rank: RankFactory, events: Events
+) -> None:
+    start_monitor(
+        make_config(
+            initial_rank_heartbeat_timeout=0.5,
+            rank_heartbeat_timeout=0.5,
+            rank_section_timeouts={"step": 5.0},
+        )
+    )
+    steps: list[list[object]] = [["init"]]
+    for _ in range(6):
+        steps += [["open", "step"], ["sleep", 0.3], ["close", "step"]]
+    rank = start_rank([*steps, ["shutdown"], ["exit", 0]])
+    assert rank.wait_exit() == 0
+    assert not [e for e in events.drain() if e.event == "rank_terminated"]
+
+
+def test_heartbeats_only_workload_is_not_killed_for_having_no_section(
+    make_config: MakeConfig, start_monitor: MonitorFactory, start_rank: RankFactory, events: Events
+) -> None:
+    start_monitor(make_config(rank_heartbeat_timeout=1.0, rank_section_timeouts={"step": 0.3}))
+    rank = start_rank([["init"], ["beat_for", 2.0, 0.05], ["shutdown"], ["exit", 0]])
+    assert rank.wait_exit() == 0
+    assert not [e for e in events.drain() if e.event == "rank_terminated"]
+
+
+def test_shutdown_stops_checking(
+    make_config: MakeConfig, start_monitor: MonitorFactory, start_rank: RankFactory, events: Events
+) -> None:
+    start_monitor(make_config(initial_rank_heartbeat_timeout=0.5))
+    rank = start_rank([["init"], ["shutdown"], ["sleep", 1.5], ["exit", 0]])
+    assert rank.wait_exit() == 0
+    assert not [e for e in events.drain() if e.event == "rank_terminated"]
+
+
+def test_stopped_rank_is_continued_dumped_and_terminated(
+    make_config: MakeConfig, start_monitor: MonitorFactory, start_rank: RankFactory, events: Events
+) -> None:
+    start_monitor(make_config(rank_heartbeat_timeout=0.5))
+    rank = start_rank([["init"], ["hb"], ["say", "stopping"], ["stop_self"], ["hang"]])
+    rank.wait_output("stopping")
+    ev = events.wait("rank_terminated")
+    assert ev.cause == "heartbeat_timeout"
+    assert rank.wait_exit() == -signal.SIGTERM
+    out = rank.output()
+    assert "most recent call first" in out
+    assert "rank_worker.py" in out
+
+
+def test_rank_ignoring_sigterm_is_killed_after_grace(
+    make_config: MakeConfig, start_monitor: MonitorFactory, start_rank: RankFactory, events: Events
+) -> None:
+    _, log = start_monitor(
+        make_config(rank_heartbeat_timeout=0.5, rank_termination_grace_period=1.0)
+    )
+    rank = start_rank([["init"], ["ignore_sigterm"], ["hb"], ["hang"]])
+    events.wait("rank_terminated")
+    assert rank.wait_exit() == -signal.SIGKILL
+    assert "survived SIGTERM" in log.read_text()
+
+
+def test_unknown_section_is_a_client_error_and_detection_continues(
+    make_config: MakeConfig, start_monitor: MonitorFactory, start_rank: RankFactory, events: Events
+) -> None:
+    start_monitor(make_config(rank_section_timeouts={"step": 1.0}))
+    rank = start_rank([["init"], ["open", "step"], ["try_open", "nope"], ["hang"]])
+    rank.wait_output("refused: Unknown section 'nope'")
+    ev = events.wait("rank_terminated")
+    assert (ev.cause, ev.section) == ("section_timeout", "step")
+    rank.wait_exit()
