@@ -1,0 +1,194 @@
+"""What both FT callbacks share: environment checks, the FT state directory, the
+monitor client's life cycle, timeout persistence and the simulated fault."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from nvrx.ft import MONITOR_SOCKET_ENV, RankMonitorClient, RankMonitorClientError
+
+from ._compat import Callback, Trainer
+from .ft_state import FT_DIR_NAME, FT_STATE_FILENAME, FtStateError, load_ft_state, save_ft_state
+from .simulated_fault import (
+    SimulatedFault,
+    SimulatedFaultParams,
+    parse_simulated_fault_params,
+    plan_simulated_fault,
+)
+from .training_state import TrainingProgress
+
+__all__ = ["FINISHED_FLAG_ENV", "FtCallbackBase", "progress_from_trainer"]
+
+#: Environment variable naming the file that marks a finished training (autoresume).
+FINISHED_FLAG_ENV = "FAULT_TOL_FINISHED_FLAG_FILE"
+
+
+def progress_from_trainer(trainer: Trainer) -> TrainingProgress:
+    """Snapshot the limits and counters that decide whether training is complete."""
+    early_stopped = False
+    for cb in trainer.early_stopping_callbacks:
+        reason = getattr(cb, "stopping_reason", None)
+        if reason is not None:
+            early_stopped = early_stopped or getattr(reason, "name", "NOT_STOPPED") != "NOT_STOPPED"
+        else:
+            early_stopped = early_stopped or cb.stopped_epoch > 0
+    return TrainingProgress(
+        global_step=trainer.global_step,
+        current_epoch=trainer.current_epoch,
+        max_steps=trainer.max_steps,
+        max_epochs=trainer.max_epochs,
+        early_stopped=early_stopped,
+    )
+
+
+class FtCallbackBase(Callback):
+    """Base of the FT callbacks: constructor arguments, set-up and shut-down of FT."""
+
+    def __init__(
+        self,
+        autoresume: bool,
+        calculate_timeouts: bool,
+        simulated_fault_params: Any = None,
+        exp_dir: str | os.PathLike[str] | None = None,
+        logger_name: str | None = None,
+    ) -> None:
+        super().__init__()
+        if not isinstance(autoresume, bool):
+            raise ValueError(f"autoresume must be a bool, got {autoresume!r}")
+        if not isinstance(calculate_timeouts, bool):
+            raise ValueError(f"calculate_timeouts must be a bool, got {calculate_timeouts!r}")
+        self.autoresume = autoresume
+        self.calculate_timeouts = calculate_timeouts
+        self.simulated_fault_params: SimulatedFaultParams | None = parse_simulated_fault_params(
+            simulated_fault_params
+        )
+        self.exp_dir = Path(exp_dir) if exp_dir is not None else None
+        self.logger = logging.getLogger(logger_name or type(self).__module__)
+        self.fault_tol_client: RankMonitorClient | None = None
+        self.state_file_path: Path | None = None
+        self.simulated_fault: SimulatedFault | None = None
+        self._rank = 0
+        self._is_rank0 = True
+
+    @property
+    def is_initialized(self) -> bool:
+        """True while FT monitoring is active (between a fit's setup and its end)."""
+        return self.fault_tol_client is not None
+
+    # -- logging: rank 0 speaks for the job, other ranks only about themselves ---------------
+
+    def _log0(self, level: int, msg: str, *args: object) -> None:
+        if self._is_rank0:
+            self._log_own(level, msg, *args)
+
+    def _log_own(self, level: int, msg: str, *args: object) -> None:
+        self.logger.log(level, f"[{type(self).__name__}@rank{self._rank}] {msg}", *args)
+
+    # -- set-up ------------------------------------------------------------------------------
+
+    def _verify_env(self) -> None:
+        if self.autoresume and not os.environ.get(FINISHED_FLAG_ENV):
+            raise RuntimeError(
+                f"{type(self).__name__}(autoresume=True) needs the {FINISHED_FLAG_ENV} "
+                "environment variable (the file created when training completes, read by your "
+                "autoresume loop), but it is not set. Set it, or use autoresume=False."
+            )
+        if not os.environ.get(MONITOR_SOCKET_ENV):
+            raise RuntimeError(
+                f"{type(self).__name__} needs a rank monitor, but {MONITOR_SOCKET_ENV} is not "
+                "set: run the training with ft_launcher (a torchrun replacement), or remove the "
+                "callback to train without fault tolerance."
+            )
+
+    def _resolve_ft_dir(self, trainer: Trainer) -> Path:
+        if self.exp_dir is not None:
+            ft_dir = self.exp_dir
+        else:
+            log_dir = trainer.log_dir
+            ft_dir = (
+                Path(log_dir if log_dir is not None else trainer.default_root_dir) / FT_DIR_NAME
+            )
+        ft_dir.mkdir(parents=True, exist_ok=True)
+        return ft_dir
+
+    def _setup_fault_tolerance(self, trainer: Trainer) -> RankMonitorClient:
+        """Connect to the monitor and load the previous job's calculated timeouts."""
+        self._rank = trainer.global_rank
+        self._is_rank0 = trainer.is_global_zero
+        ft_dir = self._resolve_ft_dir(trainer)
+        self.state_file_path = ft_dir / FT_STATE_FILENAME
+        self._log0(logging.INFO, "Fault tolerance dir: %s", ft_dir)
+        client = RankMonitorClient()
+        client.init_workload_monitoring()
+        self.fault_tol_client = client
+        if self.calculate_timeouts:
+            self._maybe_load_timeouts(client, self.state_file_path)
+        return client
+
+    def _maybe_load_timeouts(self, client: RankMonitorClient, path: Path) -> None:
+        try:
+            state = load_ft_state(path)
+            if state is None:
+                return
+            client.load_state_dict(state)
+        except (FtStateError, RankMonitorClientError) as exc:
+            self._log0(
+                logging.WARNING,
+                "Ignoring the FT state file %s (%s); using the timeouts of the FT config",
+                path,
+                exc,
+            )
+            return
+        self._log0(logging.INFO, "Fault tolerance timeouts loaded from %s", path)
+
+    def _setup_simulated_fault(self, trainer: Trainer) -> None:
+        params = self.simulated_fault_params
+        if params is None:
+            return
+        self._log0(logging.WARNING, "Initializing simulated fault: %s", params)
+        plan = plan_simulated_fault(params, trainer.world_size, trainer.strategy.root_device)
+        if plan.rank_to_fail != self._rank:
+            return
+        self._log_own(
+            logging.WARNING,
+            "Simulated fault %s will hit this rank in %.2f s",
+            plan.fault_type,
+            plan.delay,
+        )
+        self.simulated_fault = SimulatedFault(plan, self._rank, self.logger)
+        self.simulated_fault.start()
+
+    # -- end of fit --------------------------------------------------------------------------
+
+    def _save_timeouts(self) -> None:
+        """Persist the calculated timeouts (rank 0 writes; the state is the same on all ranks)."""
+        client = self.fault_tol_client
+        if client is None or self.state_file_path is None or not self._is_rank0:
+            return
+        save_ft_state(self.state_file_path, client.state_dict())
+        self._log0(logging.INFO, "Fault tolerance state saved to %s", self.state_file_path)
+
+    def _create_finished_flag_file(self) -> None:
+        flag = os.environ.get(FINISHED_FLAG_ENV, "")
+        try:
+            path = Path(flag)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.touch()
+        except OSError as exc:
+            self._log_own(
+                logging.ERROR, "Could not create the finished flag file %r: %s", flag, exc
+            )
+            return
+        self._log_own(logging.INFO, "Training completed: created the finished flag file %s", flag)
+
+    def _shutdown_fault_tolerance(self) -> None:
+        if self.simulated_fault is not None:
+            self.simulated_fault.cancel()
+            self.simulated_fault = None
+        client = self.fault_tol_client
+        self.fault_tol_client = None
+        if client is not None:
+            client.shutdown_workload_monitoring()

@@ -1,0 +1,195 @@
+"""FaultToleranceCallback: heartbeats from Lightning's hooks to the rank monitor."""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from ._compat import LightningModule, Trainer
+from ._ft_base import FtCallbackBase, progress_from_trainer
+from .simulated_fault import SimulatedFaultParams
+from .training_state import TrainingStateMachine
+
+__all__ = ["FaultToleranceCallback"]
+
+
+class FaultToleranceCallback(FtCallbackBase):
+    """Lightning callback that sends FT heartbeats, so a hung rank is detected and restarted.
+
+    FT is only active during the 'fit' stage, and the training must run under
+    ``ft_launcher`` (which starts the rank monitors): ``setup`` raises a clear error
+    otherwise. Heartbeats are sent at train start, after each training batch, around
+    validation, when a checkpoint is saved, at train end, at teardown and on an
+    exception.
+
+    Args:
+        autoresume: True when several training jobs run one after another
+            (auto-resume); the file named by ``FAULT_TOL_FINISHED_FLAG_FILE`` is then
+            created when training completes.
+        calculate_timeouts: True to calculate heartbeat timeouts from the observed
+            intervals; they are calculated at the end of a job that loaded and saved a
+            checkpoint (so the second job of a training started from scratch), saved
+            under ``exp_dir`` and used by the next jobs instead of the FT config's.
+        simulated_fault_params: a simulated fault for testing (a
+            :class:`SimulatedFaultParams`, a dict or a DictConfig); None for none.
+        exp_dir: directory of the FT state, shared by all the jobs of a training.
+            Defaults to ``trainer.log_dir/ft_state`` (beware: Lightning may move or
+            version its log dir, so prefer an explicit one).
+        logger_name: name of the logger used for this callback's messages.
+    """
+
+    def __init__(
+        self,
+        autoresume: bool,
+        calculate_timeouts: bool,
+        simulated_fault_params: SimulatedFaultParams | dict[str, Any] | Any | None = None,
+        exp_dir: str | os.PathLike[str] | None = None,
+        logger_name: str | None = "nemo_logger.FaultToleranceCallback",
+    ) -> None:
+        super().__init__(
+            autoresume=autoresume,
+            calculate_timeouts=calculate_timeouts,
+            simulated_fault_params=simulated_fault_params,
+            exp_dir=exp_dir,
+            logger_name=logger_name,
+        )
+        self.state_machine = TrainingStateMachine()
+
+    # -- set-up and tear-down ----------------------------------------------------------------
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        """Connect to the rank monitor and load calculated timeouts (fit only)."""
+        if stage != "fit":
+            return
+        self._verify_env()
+        self.state_machine = TrainingStateMachine()
+        client = self._setup_fault_tolerance(trainer)
+        timeouts = client.hb_timeouts
+        if timeouts is not None and timeouts.are_valid:
+            self._log0(logging.INFO, "Fault tolerance client initialized. Timeouts: %s", timeouts)
+        elif self.calculate_timeouts:
+            self._log0(
+                logging.INFO,
+                "Fault tolerance client initialized. Timeouts: not calculated yet (%s)",
+                timeouts,
+            )
+        else:
+            self._shutdown_fault_tolerance()
+            raise RuntimeError(
+                "Fault tolerance has no valid heartbeat timeouts and calculate_timeouts is False: "
+                "set initial_rank_heartbeat_timeout and rank_heartbeat_timeout in the FT config, "
+                f"or use calculate_timeouts=True (current: {timeouts})"
+            )
+        self._setup_simulated_fault(trainer)
+
+    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        """End of fit: finished flag, last heartbeat, timeouts update, disconnect."""
+        if stage != "fit" or not self.is_initialized:
+            return
+        self.state_machine.on_teardown()
+        if (
+            self.autoresume
+            and self._is_rank0
+            and self.state_machine.is_training_completed(progress_from_trainer(trainer))
+        ):
+            self._create_finished_flag_file()
+        self._heartbeat()
+        self._maybe_update_timeouts()
+        self._shutdown_fault_tolerance()
+
+    def on_exception(
+        self, trainer: Trainer, pl_module: LightningModule, exception: BaseException
+    ) -> None:
+        """An exception ends fit: heartbeat, timeouts update on a clean stop, disconnect."""
+        if not self.is_initialized:
+            return
+        self.state_machine.on_exception(exception)
+        self._heartbeat()
+        self._maybe_update_timeouts()
+        self._shutdown_fault_tolerance()
+
+    # -- heartbeats --------------------------------------------------------------------------
+
+    def _heartbeat(self) -> None:
+        client = self.fault_tol_client
+        if client is not None:
+            client.send_heartbeat()
+            self.state_machine.on_heartbeat_sent()
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """Heartbeat when training starts."""
+        self._heartbeat()
+
+    def on_train_batch_end(
+        self,
+        trainer: Trainer,
+        pl_module: LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+    ) -> None:
+        """Heartbeat and count the iteration after each training batch."""
+        if self.fault_tol_client is not None:
+            self.state_machine.on_train_iteration()
+            self._heartbeat()
+
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """Heartbeat when training ends."""
+        self._heartbeat()
+
+    def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """Heartbeat when validation starts."""
+        self._heartbeat()
+
+    def on_validation_batch_end(
+        self,
+        trainer: Trainer,
+        pl_module: LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        """Heartbeat after each validation batch."""
+        self._heartbeat()
+
+    def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """Heartbeat when validation ends."""
+        self._heartbeat()
+
+    def on_save_checkpoint(
+        self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        """Note the save and heartbeat (back-to-back saves must not look like a hang)."""
+        if self.fault_tol_client is not None:
+            self.state_machine.on_save_checkpoint()
+            self._heartbeat()
+
+    def on_load_checkpoint(
+        self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        """Note that this job resumed from a checkpoint."""
+        if self.fault_tol_client is not None:
+            self.state_machine.on_load_checkpoint()
+
+    # -- timeouts ----------------------------------------------------------------------------
+
+    def _maybe_update_timeouts(self) -> None:
+        client = self.fault_tol_client
+        if client is None or not self.calculate_timeouts:
+            return
+        if not self.state_machine.can_update_timeouts:
+            self._log0(
+                logging.INFO,
+                "FT timeouts not updated in this job (needs a loaded and a saved checkpoint, "
+                ">= 2 iterations and no failure)",
+            )
+            return
+        self._log0(logging.INFO, "Updating FT timeouts...")
+        if not client.calculate_and_set_hb_timeouts(skip_if_not_ready=True):
+            self._log0(logging.WARNING, "FT timeouts not updated: not enough heartbeats observed")
+            return
+        self.state_machine.on_timeouts_updated()
+        self._log0(logging.INFO, "Updated FT timeouts. New values: %s", client.hb_timeouts)
+        self._save_timeouts()

@@ -1,0 +1,363 @@
+"""StragglerDetectionCallback: straggler detection around Lightning's training steps."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Iterable, Mapping
+from contextlib import AbstractContextManager
+from typing import Any
+
+from nvrx.straggler import CallableId, Detector, Report
+
+from ._compat import Callback, LightningModule, Trainer
+from .straggler_scores import format_rank_scores, score_summary
+
+__all__ = ["STEP_SECTION", "StragglerDetectionCallback"]
+
+#: Section that times a whole training step: forward, backward and optimizer step.
+STEP_SECTION = "train_step"
+
+
+def _check_threshold(field: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+        raise ValueError(f"{field} must be a number in [0, 1], got {value!r}")
+
+
+def _ranks(ids: Iterable[Any]) -> str:
+    return ", ".join(f"rank {s.rank} ({s.node})" for s in sorted(ids, key=lambda s: s.rank))
+
+
+class StragglerDetectionCallback(Callback):
+    """Lightning callback that finds slow ranks (stragglers) while a model trains.
+
+    During ``fit`` it times every whole training step (forward, backward and
+    optimizer step, from batch start to batch end, with GPU kernels captured where
+    CUPTI is available) as the section ``train_step``, and the strategy's
+    ``training_step`` (the forward pass) as its own section, since data-parallel
+    gradient syncs make every rank's whole step equally long. Every
+    ``report_time_interval`` seconds the ranks' scores are gathered on rank 0, which
+    logs the stragglers and a table of the worst ranks and sends min/median/max of
+    each score to the Trainer's loggers.
+
+    Scores run from 0 to 1 (1: as fast as the reference; 0.5: twice as slow). GPU
+    scores need CUPTI (``nvrx-straggler[cupti]``) and a GPU; section scores work
+    everywhere. A rank is a straggler when a score is below its threshold; a
+    threshold of 0 turns that check off.
+
+    Args:
+        report_time_interval: seconds between reports (a report is a collective).
+        calc_relative_gpu_perf: compute relative scores (rank vs the fastest rank),
+            for GPU and sections.
+        calc_individual_gpu_perf: compute individual scores (rank vs its own best),
+            for GPU and sections.
+        num_gpu_perf_scores_to_print: ranks shown in each score table (0: no tables).
+        gpu_relative_perf_threshold: straggler threshold of relative GPU scores.
+        gpu_individual_perf_threshold: straggler threshold of individual GPU scores.
+        stop_if_detected: stop training when a straggler is found: every rank saves
+            a checkpoint (``last-straggler-stop-step=N.ckpt`` in the ModelCheckpoint
+            directory, so ``ckpt_path="last"`` resumes from it) and fit returns.
+        enable_ptl_logging: send score summaries to the Trainer's loggers.
+        profiling_interval: time one step in this many (reduces overhead).
+        logger_name: name of the logger used for this callback's messages.
+        section_relative_perf_threshold: straggler threshold of relative section scores.
+        section_individual_perf_threshold: straggler threshold of individual section
+            scores.
+    """
+
+    def __init__(
+        self,
+        report_time_interval: float = 300.0,
+        calc_relative_gpu_perf: bool = True,
+        calc_individual_gpu_perf: bool = True,
+        num_gpu_perf_scores_to_print: int = 5,
+        gpu_relative_perf_threshold: float = 0.7,
+        gpu_individual_perf_threshold: float = 0.7,
+        stop_if_detected: bool = False,
+        enable_ptl_logging: bool = True,
+        profiling_interval: int = 1,
+        logger_name: str | None = "nemo_logger.StragglerDetectionCallback",
+        section_relative_perf_threshold: float = 0.7,
+        section_individual_perf_threshold: float = 0.7,
+    ) -> None:
+        super().__init__()
+        if (
+            isinstance(report_time_interval, bool)
+            or not isinstance(report_time_interval, (int, float))
+            or not report_time_interval > 0
+        ):
+            raise ValueError(f"report_time_interval must be > 0, got {report_time_interval!r}")
+        if isinstance(profiling_interval, bool) or not isinstance(profiling_interval, int):
+            raise ValueError(f"profiling_interval must be an int >= 1, got {profiling_interval!r}")
+        if profiling_interval < 1:
+            raise ValueError(f"profiling_interval must be an int >= 1, got {profiling_interval!r}")
+        if (
+            isinstance(num_gpu_perf_scores_to_print, bool)
+            or not isinstance(num_gpu_perf_scores_to_print, int)
+            or num_gpu_perf_scores_to_print < 0
+        ):
+            raise ValueError(
+                "num_gpu_perf_scores_to_print must be an int >= 0, "
+                f"got {num_gpu_perf_scores_to_print!r}"
+            )
+        _check_threshold("gpu_relative_perf_threshold", gpu_relative_perf_threshold)
+        _check_threshold("gpu_individual_perf_threshold", gpu_individual_perf_threshold)
+        _check_threshold("section_relative_perf_threshold", section_relative_perf_threshold)
+        _check_threshold("section_individual_perf_threshold", section_individual_perf_threshold)
+        self.scores_to_compute: list[str] = []
+        if calc_relative_gpu_perf:
+            self.scores_to_compute.append("relative_perf_scores")
+        if calc_individual_gpu_perf:
+            self.scores_to_compute.append("individual_perf_scores")
+        if not self.scores_to_compute:
+            raise ValueError(
+                "No straggler performance scores specified: set calc_relative_gpu_perf=True "
+                "or calc_individual_gpu_perf=True"
+            )
+        self.report_time_interval = float(report_time_interval)
+        self.calc_relative_gpu_perf = calc_relative_gpu_perf
+        self.calc_individual_gpu_perf = calc_individual_gpu_perf
+        self.num_gpu_perf_scores_to_print = num_gpu_perf_scores_to_print
+        self.gpu_relative_perf_threshold = float(gpu_relative_perf_threshold)
+        self.gpu_individual_perf_threshold = float(gpu_individual_perf_threshold)
+        self.section_relative_perf_threshold = float(section_relative_perf_threshold)
+        self.section_individual_perf_threshold = float(section_individual_perf_threshold)
+        self.stop_if_detected = stop_if_detected
+        self.enable_ptl_logging = enable_ptl_logging
+        self.profiling_interval = profiling_interval
+        self.logger = logging.getLogger(logger_name or __name__)
+        self.initialized = False
+        self._owns_detector = False
+        self._step_section: AbstractContextManager[Any] | None = None
+        self._rank = 0
+        self._is_rank0 = True
+        self._told_no_gpu_scores = False
+
+    # -- logging -----------------------------------------------------------------------------
+
+    def _log0(self, level: int, msg: str, *args: object) -> None:
+        if self._is_rank0:
+            self.logger.log(level, f"[StragglerDetectionCallback@rank0] {msg}", *args)
+
+    # -- life cycle --------------------------------------------------------------------------
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        """Start the detector and time the strategy's training_step (fit only)."""
+        if stage != "fit" or self.initialized:
+            return
+        self._rank = trainer.global_rank
+        self._is_rank0 = trainer.is_global_zero
+        if not Detector.initialized:
+            Detector.initialize(
+                scores_to_compute=self.scores_to_compute,
+                gather_on_rank0=True,
+                profiling_interval=self.profiling_interval,
+                report_time_interval=self.report_time_interval,
+            )
+            self._owns_detector = True
+        Detector.wrap_callables([CallableId(trainer.strategy, "training_step")], profile_cuda=False)
+        self.initialized = True
+        self._log0(
+            logging.INFO,
+            "Straggler detection started: report every %.1f s, scores %s",
+            self.report_time_interval,
+            self.scores_to_compute,
+        )
+
+    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        """Stop the detector at the end of fit."""
+        if stage == "fit":
+            self._shutdown()
+
+    def on_exception(
+        self, trainer: Trainer, pl_module: LightningModule, exception: BaseException
+    ) -> None:
+        """Close the open step section and stop the detector."""
+        section = self._step_section
+        self._step_section = None
+        if section is not None:
+            section.__exit__(type(exception), exception, exception.__traceback__)
+        self._shutdown()
+
+    def _shutdown(self) -> None:
+        if not self.initialized:
+            return
+        self.initialized = False
+        self._step_section = None
+        Detector.restore_original_callables()
+        if self._owns_detector:
+            self._owns_detector = False
+            Detector.shutdown()
+
+    # -- the step section --------------------------------------------------------------------
+
+    def on_train_batch_start(
+        self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        """Open the whole-step section."""
+        if not self.initialized:
+            return
+        section = Detector.detection_section(STEP_SECTION, profile_cuda=True)
+        section.__enter__()
+        self._step_section = section
+
+    def on_train_batch_end(
+        self,
+        trainer: Trainer,
+        pl_module: LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+    ) -> None:
+        """Close the step section; on report intervals, report and maybe stop."""
+        if not self.initialized:
+            return
+        section = self._step_section
+        self._step_section = None
+        if section is not None:
+            section.__exit__(None, None, None)
+        started = time.monotonic()
+        report = Detector.generate_report_if_interval_elapsed()
+        if not Detector.is_interval_elapsed():
+            return
+        found = False
+        if report is not None and trainer.is_global_zero:
+            found = self._handle_report(trainer, report)
+        if self.stop_if_detected and trainer.strategy.reduce_boolean_decision(found, all=False):
+            self._stop_training(trainer)
+        self._log0(
+            logging.INFO,
+            "Straggler report processing time: %.3f s",
+            time.monotonic() - started,
+        )
+
+    # -- reports -----------------------------------------------------------------------------
+
+    def _handle_report(self, trainer: Trainer, report: Report) -> bool:
+        stragglers = report.identify_stragglers(
+            gpu_rel_threshold=self.gpu_relative_perf_threshold,
+            section_rel_threshold=self.section_relative_perf_threshold,
+            gpu_indiv_threshold=self.gpu_individual_perf_threshold,
+            section_indiv_threshold=self.section_individual_perf_threshold,
+        )
+        found = False
+        warn = logging.WARNING
+        if stragglers["straggler_gpus_relative"]:
+            found = True
+            self._log0(
+                warn,
+                "STRAGGLER DETECTION WARNING: Some GPUs have worse relative performance. "
+                "Affected ranks: %s",
+                _ranks(stragglers["straggler_gpus_relative"]),
+            )
+        if stragglers["straggler_gpus_individual"]:
+            found = True
+            self._log0(
+                warn,
+                "STRAGGLER DETECTION WARNING: Some GPUs performance dropped. Affected ranks: %s",
+                _ranks(stragglers["straggler_gpus_individual"]),
+            )
+        for section, ids in sorted(stragglers["straggler_sections_relative"].items()):
+            found = True
+            self._log0(
+                warn,
+                "STRAGGLER DETECTION WARNING: Section %r is slower on some ranks than on the "
+                "fastest one. Affected ranks: %s",
+                section,
+                _ranks(ids),
+            )
+        for section, ids in sorted(stragglers["straggler_sections_individual"].items()):
+            found = True
+            self._log0(
+                warn,
+                "STRAGGLER DETECTION WARNING: Section %r got slower than its own best on some "
+                "ranks. Affected ranks: %s",
+                section,
+                _ranks(ids),
+            )
+        score_sets = self._score_sets(report)
+        no_gpu_scores = (
+            not report.gpu_relative_perf_scores and not report.gpu_individual_perf_scores
+        )
+        if no_gpu_scores and not self._told_no_gpu_scores:
+            self._told_no_gpu_scores = True
+            self._log0(
+                logging.INFO,
+                "No GPU performance scores (no GPU kernels recorded: needs a GPU and CUPTI); "
+                "using section scores",
+            )
+        for missing in report.non_comparable:
+            if no_gpu_scores and missing.score.startswith("gpu"):
+                continue
+            where = f" in section {missing.section!r}" if missing.section else ""
+            self._log0(
+                logging.INFO,
+                "Rank %d has no %s score%s: %s",
+                missing.rank,
+                missing.score,
+                where,
+                missing.reason,
+            )
+        if self.num_gpu_perf_scores_to_print > 0:
+            for title, _, scores in score_sets:
+                if scores:
+                    self._log0(
+                        logging.INFO,
+                        "\n%s:\n%s",
+                        title,
+                        format_rank_scores(
+                            scores, report.rank_to_node, self.num_gpu_perf_scores_to_print
+                        ),
+                    )
+        if self.enable_ptl_logging:
+            self._log_to_loggers(trainer, score_sets)
+        return found
+
+    def _score_sets(self, report: Report) -> list[tuple[str, str, Mapping[int, float]]]:
+        """Every score kind of the report: (display title, metric prefix, scores)."""
+        out: list[tuple[str, str, Mapping[int, float]]] = []
+        kinds = []
+        if self.calc_relative_gpu_perf:
+            kinds.append(("relative", report.gpu_relative_perf_scores))
+        if self.calc_individual_gpu_perf:
+            kinds.append(("individual", report.gpu_individual_perf_scores))
+        for kind, scores in kinds:
+            out.append((f"GPU {kind} performance", f"gpu_{kind}_perf", scores))
+        for kind, _ in kinds:
+            by_section = getattr(report, f"section_{kind}_perf_scores")
+            for name, scores in sorted(by_section.items()):
+                out.append(
+                    (f"Section {name!r} {kind} performance", f"section_{kind}_perf/{name}", scores)
+                )
+        return out
+
+    def _log_to_loggers(
+        self, trainer: Trainer, score_sets: list[tuple[str, str, Mapping[int, float]]]
+    ) -> None:
+        metrics: dict[str, float] = {}
+        for _, prefix, scores in score_sets:
+            for stat, value in score_summary(scores).items():
+                metrics[f"{prefix}/{stat}"] = value
+        if not metrics:
+            return
+        for pl_logger in trainer.loggers:
+            try:
+                pl_logger.log_metrics(metrics, step=trainer.global_step)
+            except Exception as exc:  # a logger failure must not stop training
+                self._log0(logging.WARNING, "Failed to log straggler scores: %s", exc)
+
+    def _stop_training(self, trainer: Trainer) -> None:
+        """Save a checkpoint on every rank, then let fit return."""
+        self._log0(logging.ERROR, "Detected stragglers. Stopping training...")
+        dirpath = getattr(trainer.checkpoint_callback, "dirpath", None)
+        if dirpath:
+            path = os.path.join(dirpath, f"last-straggler-stop-step={trainer.global_step}.ckpt")
+            trainer.save_checkpoint(path)
+            self._log0(logging.INFO, "Saved checkpoint %s before stopping", path)
+        else:
+            self._log0(
+                logging.WARNING,
+                "No ModelCheckpoint directory: stopping without saving a checkpoint",
+            )
+        trainer.should_stop = True

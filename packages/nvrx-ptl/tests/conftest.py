@@ -1,0 +1,161 @@
+"""Shared helpers for the nvrx-ptl tests: free ports and processes that are always reaped."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+PACKAGE_TESTS = Path(__file__).resolve().parent
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Procs:
+    """Starts subprocesses and kills any that are still running at the end of the test."""
+
+    def __init__(self) -> None:
+        self.started: list[subprocess.Popen[str]] = []
+
+    def python(
+        self, args: list[str], env: dict[str, str] | None = None, **kwargs: object
+    ) -> subprocess.Popen[str]:
+        full_env = dict(os.environ)
+        full_env.update(env or {})
+        full_env.setdefault("PYTHONUNBUFFERED", "1")
+        proc = subprocess.Popen(  # type: ignore[call-overload]
+            [sys.executable, *args],
+            env=full_env,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            **kwargs,
+        )
+        self.started.append(proc)
+        return proc  # type: ignore[no-any-return]
+
+    def cleanup(self) -> None:
+        for proc in self.started:
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.communicate(timeout=10)
+
+
+@pytest.fixture
+def procs() -> Iterator[Procs]:
+    """Subprocess starter; every process it started is killed and reaped afterwards."""
+    p = Procs()
+    try:
+        yield p
+    finally:
+        p.cleanup()
+
+
+TRAIN_SCRIPT = PACKAGE_TESTS / "ptl_train.py"
+
+
+class Monitor:
+    """A real rank monitor (``RankMonitorServer``) for a single-process training."""
+
+    def __init__(self, cfg_kwargs: dict[str, object]) -> None:
+        from nvrx.ft import FaultToleranceConfig, RankMonitorServer, create_runtime_dir
+
+        self.runtime_dir = create_runtime_dir("nvrx-ptl-test-")
+        self.socket_path = self.runtime_dir / "monitor-0.sock"
+        self.events_path = self.runtime_dir / "events.sock"
+        self.events = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.events.bind(str(self.events_path))
+        self.cfg = FaultToleranceConfig.from_kwargs(False, **cfg_kwargs)
+        self.process = RankMonitorServer.run_in_subprocess(
+            self.cfg, self.socket_path, events_socket=self.events_path
+        )
+        self.process.wait_ready(timeout=60.0)
+
+    @property
+    def env(self) -> dict[str, str]:
+        """What a rank needs to find this monitor."""
+        from nvrx.ft import MONITOR_SOCKET_ENV
+
+        return {MONITOR_SOCKET_ENV: str(self.socket_path)}
+
+    def events_seen(self) -> list[dict[str, object]]:
+        """The JSON events the monitor sent so far."""
+        import json
+
+        out = []
+        self.events.setblocking(False)
+        try:
+            while True:
+                out.append(json.loads(self.events.recv(65536)))
+        except BlockingIOError:
+            pass
+        return out
+
+    def close(self) -> None:
+        import shutil
+
+        self.process.stop(timeout=10.0)
+        self.events.close()
+        shutil.rmtree(self.runtime_dir, ignore_errors=True)
+
+
+@pytest.fixture
+def make_monitor() -> Iterator[Callable[..., Monitor]]:
+    """Start real monitors; each is stopped and its runtime dir removed afterwards."""
+    started: list[Monitor] = []
+
+    def make(**cfg_kwargs: object) -> Monitor:
+        monitor = Monitor(cfg_kwargs)
+        started.append(monitor)
+        return monitor
+
+    try:
+        yield make
+    finally:
+        for monitor in started:
+            monitor.close()
+
+
+def run_training(
+    procs: Procs, cfg: dict[str, object], env: dict[str, str], timeout: float = 150.0
+) -> tuple[int, str]:
+    """Run ptl_train.py once in a single process; return (exit code, output)."""
+    import json
+
+    proc = procs.python([str(TRAIN_SCRIPT), json.dumps(cfg)], env=env)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        raise AssertionError(f"training did not finish in {timeout} s:\n{out}") from None
+    return proc.returncode, out
+
+
+def probes(out: str, what: str) -> list[dict[str, object]]:
+    """The PROBE records of one kind printed by ptl_train.py."""
+    import json
+
+    found = []
+    for line in out.splitlines():
+        if line.startswith("PROBE "):
+            record = json.loads(line[len("PROBE ") :])
+            if record["what"] == what:
+                found.append(record)
+    return found
