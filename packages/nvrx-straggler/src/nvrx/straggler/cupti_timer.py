@@ -1,0 +1,179 @@
+"""GPU kernel timing from CUPTI activity records through ``cupti-python``.
+
+Importing this module never imports CUPTI or CUDA; :func:`make_kernel_timer` does,
+and falls back to a :class:`~nvrx.straggler.kernels.NullKernelTimer` that says why
+(no GPU, cupti-python missing, CUPTI held by another subscriber such as
+torch.profiler or Nsight). Section timing carries on in every case.
+
+CONCURRENT_KERNEL activity is enabled only while a profiled section runs (outermost
+entry to outermost exit). Completed buffers are parsed by cupti-python; the callback
+only hands the kernel records to the shared :class:`~nvrx.straggler.kernels.KernelAggregator`.
+Dropped records reported by CUPTI and records without timestamps are counted and
+reported with each window. The process-wide CUPTI state is never finalised, so other
+CUPTI users keep working after shutdown.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from nvrx.straggler.kernels import (
+    DEFAULT_MAX_SAMPLES_PER_KERNEL,
+    KernelAggregator,
+    KernelTimer,
+    KernelTimingStatus,
+    KernelWindow,
+    NullKernelTimer,
+)
+
+__all__ = ["BUFFER_SIZE", "CuptiKernelTimer", "make_kernel_timer"]
+
+log = logging.getLogger(__name__)
+
+BUFFER_SIZE = 8 * 1024 * 1024
+"""Bytes per activity buffer CUPTI asks for (cupti-python allocates them)."""
+
+_registered_lock = threading.Lock()
+_registered: CuptiKernelTimer | None = None
+
+
+class CuptiKernelTimer:
+    """Kernel timing from CUPTI CONCURRENT_KERNEL records (one per process)."""
+
+    def __init__(
+        self, cupti_module: Any, max_samples_per_kernel: int = DEFAULT_MAX_SAMPLES_PER_KERNEL
+    ) -> None:
+        global _registered
+        self._cupti = cupti_module
+        self._kind = cupti_module.ActivityKind.CONCURRENT_KERNEL
+        self._agg = KernelAggregator(max_samples_per_kernel)
+        self._lock = threading.Lock()
+        self._active = 0
+        self._dropped = 0
+        self._failed: str | None = None
+        self._closed = False
+        with _registered_lock:
+            if _registered is not None and not _registered._closed:
+                raise RuntimeError("only one CuptiKernelTimer may be open per process")
+            cupti_module.activity_register_callbacks(self._buffer_requested, self._buffer_completed)
+            _registered = self
+
+    @property
+    def status(self) -> KernelTimingStatus:
+        """Available unless CUPTI failed since; dropped records of this window."""
+        return KernelTimingStatus(
+            backend="cupti",
+            available=self._failed is None and not self._closed,
+            reason=self._failed,
+            dropped_records=self._dropped,
+        )
+
+    def _buffer_requested(self) -> tuple[int, int]:
+        return BUFFER_SIZE, 0
+
+    def _buffer_completed(self, activities: list[Any]) -> None:
+        kind = int(self._kind)
+        self._agg.add(a for a in activities if int(a.kind) == kind)
+
+    def start(self) -> None:
+        """Enable kernel activity at the outermost profiled section entry."""
+        with self._lock:
+            self._active += 1
+            if self._active == 1 and self._failed is None and not self._closed:
+                try:
+                    self._cupti.activity_enable(self._kind)
+                except Exception as e:
+                    self._fail(f"activity_enable failed: {e}")
+
+    def stop(self) -> None:
+        """Disable kernel activity when the outermost profiled section ends."""
+        with self._lock:
+            if self._active == 0:
+                return
+            self._active -= 1
+            if self._active == 0 and self._failed is None and not self._closed:
+                try:
+                    self._cupti.activity_disable(self._kind)
+                except Exception as e:
+                    self._fail(f"activity_disable failed: {e}")
+
+    def _fail(self, what: str) -> None:
+        self._failed = (
+            f"CUPTI {what}; another CUPTI subscriber (torch.profiler, Nsight) may hold CUPTI. "
+            "GPU kernel scores are off; section timing continues"
+        )
+        log.warning("straggler detection: %s", self._failed)
+
+    def _dropped_by_cupti(self) -> int:
+        try:
+            return int(self._cupti.activity_get_num_dropped_records(0, 0))
+        except Exception:
+            return 0
+
+    def collect(self) -> KernelWindow:
+        """Flush completed buffers (the caller synchronised the device) and take the window."""
+        if self._failed is None and not self._closed:
+            try:
+                self._cupti.activity_flush_all(0)
+            except Exception as e:
+                self._fail(f"activity_flush_all failed: {e}")
+        lost = self._dropped_by_cupti()
+        if lost:
+            log.warning("straggler detection: CUPTI dropped %d kernel records", lost)
+        durations, counts, skipped = self._agg.take()
+        status = self.status
+        status = KernelTimingStatus(
+            backend=status.backend,
+            available=status.available,
+            reason=status.reason,
+            dropped_records=self._dropped + lost + skipped,
+        )
+        self._dropped = 0
+        return KernelWindow(durations_us=durations, counts=counts, status=status)
+
+    def close(self) -> None:
+        """Stop capturing and flush; CUPTI is not finalised (other users may need it)."""
+        global _registered
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            try:
+                if self._active:
+                    self._cupti.activity_disable(self._kind)
+                self._cupti.activity_flush_all(1)
+            except Exception as e:
+                log.debug("straggler detection: CUPTI teardown: %s", e)
+            self._active = 0
+        with _registered_lock:
+            if _registered is self:
+                _registered = None
+
+
+def make_kernel_timer(
+    max_samples_per_kernel: int = DEFAULT_MAX_SAMPLES_PER_KERNEL,
+) -> KernelTimer:
+    """The best kernel timer this process can have; a NullKernelTimer says why not."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return NullKernelTimer("no CUDA device is available", backend="cupti")
+    try:
+        from cupti import cupti
+    except ImportError as e:
+        return NullKernelTimer(
+            f"cupti-python is not importable ({e}); install nvrx-straggler[cupti]",
+            backend="cupti",
+        )
+    try:
+        return CuptiKernelTimer(cupti, max_samples_per_kernel)
+    except Exception as e:
+        reason = (
+            f"CUPTI callbacks could not be registered ({e}); another CUPTI subscriber "
+            "(torch.profiler, Nsight) may hold CUPTI. GPU kernel scores are off; section "
+            "timing continues"
+        )
+        log.warning("straggler detection: %s", reason)
+        return NullKernelTimer(reason, backend="cupti")

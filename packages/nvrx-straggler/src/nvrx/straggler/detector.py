@@ -1,0 +1,392 @@
+"""The straggler detector: an instance API and the reference's class-method facade.
+
+:class:`StragglerDetector` holds everything (sections, kernel timer, report generator,
+interval tracker, wrapped callables); tests and libraries create and close as many
+as they like. :class:`Detector` keeps NVRx's class-method API on top of one
+process-wide instance: ``initialize`` and ``shutdown`` are idempotent and may be
+called in any order.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import sys
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import torch
+
+from nvrx.straggler.interval import ReportIntervalTracker
+from nvrx.straggler.kernels import DEFAULT_MAX_SAMPLES_PER_KERNEL, KernelTimer
+from nvrx.straggler.reporting import (
+    DEFAULT_COMM_KERNEL_PATTERN,
+    Report,
+    ReportGenerator,
+    parse_scores_to_compute,
+)
+from nvrx.straggler.sections import CustomSection, SectionHandle, SectionRegistry
+from nvrx.straggler.wrapping import CallableId, CallableWrapper
+
+__all__ = ["Detector", "StragglerDetector"]
+
+log = logging.getLogger(__name__)
+
+_getframe = sys._getframe
+
+
+class StragglerDetector:
+    """One straggler detector: time sections, score ranks, report.
+
+    The first five parameters are the reference's ``Detector.initialize`` ones.
+    ``pg`` is the process group of every collective (None: the default group).
+    ``kernel_timer`` replaces the CUPTI timer (e.g. a
+    :class:`~nvrx.straggler.kernels.SyntheticKernelTimer`); by default CUPTI is used
+    when cupti-python and a GPU are present. ``comm_kernel_pattern`` is the regex of
+    communication kernels left out of GPU scores. ``individual_baseline_windows`` is
+    how many reports the individual baseline remembers. ``cuda_event_timing`` also
+    times profiled sections on the GPU with CUDA events (reported as
+    ``"<name> [cuda]"`` sections).
+    """
+
+    def __init__(
+        self,
+        scores_to_compute: str | Sequence[str] = "all",
+        gather_on_rank0: bool = True,
+        profiling_interval: int = 1,
+        report_time_interval: float = 60,
+        node_name: str | None = None,
+        *,
+        pg: Any = None,
+        kernel_timer: KernelTimer | None = None,
+        comm_kernel_pattern: str = DEFAULT_COMM_KERNEL_PATTERN,
+        individual_baseline_windows: int = 10,
+        cuda_event_timing: bool = False,
+        max_samples_per_section: int = 8 * 1024,
+        max_samples_per_kernel: int = DEFAULT_MAX_SAMPLES_PER_KERNEL,
+    ) -> None:
+        if isinstance(profiling_interval, bool) or not isinstance(profiling_interval, int):
+            raise ValueError(f"profiling_interval must be an int >= 1, got {profiling_interval!r}")
+        if profiling_interval < 1:
+            raise ValueError(f"profiling_interval must be an int >= 1, got {profiling_interval!r}")
+        self.scores_to_compute = list(parse_scores_to_compute(scores_to_compute))
+        self.gather_on_rank0 = gather_on_rank0
+        self.profiling_interval = profiling_interval
+        self.report_time_interval = float(report_time_interval)
+        self.node_name = node_name if node_name is not None else socket.gethostname()
+        self.settings: dict[str, Any] = {
+            "scores_to_compute": tuple(self.scores_to_compute),
+            "gather_on_rank0": gather_on_rank0,
+            "profiling_interval": profiling_interval,
+            "report_time_interval": self.report_time_interval,
+            "node_name": self.node_name,
+        }
+        self.reporter = ReportGenerator(
+            self.scores_to_compute,
+            gather_on_rank0,
+            pg,
+            self.node_name,
+            comm_kernel_pattern=comm_kernel_pattern,
+            individual_baseline_windows=individual_baseline_windows,
+        )
+        self.report_interval_tracker = ReportIntervalTracker(
+            time_interval=self.report_time_interval,
+            profiling_interval=profiling_interval,
+            agree=self._agree_interval,
+        )
+        if kernel_timer is None:
+            from nvrx.straggler.cupti_timer import make_kernel_timer
+
+            kernel_timer = make_kernel_timer(max_samples_per_kernel)
+        self.kernel_timer: KernelTimer = kernel_timer
+        self.cuda_event_timing = cuda_event_timing
+        if cuda_event_timing and not torch.cuda.is_available():
+            log.warning("straggler detection: cuda_event_timing needs a CUDA device; it is off")
+            self.cuda_event_timing = False
+        self._sections = SectionRegistry(
+            profiling_interval,
+            kernel_timer,
+            max_samples=max_samples_per_section,
+            cuda_event_timing=self.cuda_event_timing,
+        )
+        self._cpu_handles = self._sections.cpu_handles
+        self._kernel_handles = self._sections.kernel_handles
+        self._wrapper = CallableWrapper(self.detection_section)
+        self.closed = False
+
+    # -- sections -------------------------------------------------------------------
+
+    @property
+    def custom_sections(self) -> dict[str, CustomSection]:
+        """Section name -> its :class:`CustomSection`."""
+        return self._sections.sections
+
+    @property
+    def cupti_manager(self) -> KernelTimer:
+        """The kernel timer (the reference's name for it)."""
+        return self.kernel_timer
+
+    def detection_section(
+        self, name: str | None = None, profile_cuda: bool = True
+    ) -> SectionHandle:
+        """A context manager timing the enclosed code as section ``name``.
+
+        ``name`` defaults to the ``file:line`` of the call; a name may be used at one
+        location only. With ``profile_cuda``, kernels launched inside are timed too.
+        """
+        try:
+            h = (self._kernel_handles if profile_cuda else self._cpu_handles)[name]
+        except KeyError:
+            if self.closed:
+                raise RuntimeError("Detector is not initialized.") from None
+            return self._sections.handle(name, profile_cuda, _getframe(1))
+        f = _getframe(1)
+        if f.f_code is not h.code or f.f_lasti != h.lasti:
+            self._sections.check_location(h, f)
+        return h
+
+    # -- callables ------------------------------------------------------------------
+
+    @property
+    def original_callables(self) -> dict[CallableId, object]:
+        """CallableId -> the callable found when it was wrapped."""
+        return self._wrapper.original_callables
+
+    def wrap_callables(self, callable_ids: list[CallableId], profile_cuda: bool = True) -> None:
+        """Run each callable inside ``detection_section(str(callable_id))``."""
+        self._require_open()
+        self._wrapper.wrap(callable_ids, profile_cuda)
+
+    def restore_original_callables(self) -> None:
+        """Put back every wrapped callable exactly as it was."""
+        self._wrapper.restore()
+
+    # -- reports --------------------------------------------------------------------
+
+    def _agree_interval(self, proposal: float) -> float:
+        t = torch.tensor([-proposal], dtype=torch.float64)
+        return -float(self.reporter.comm.all_reduce_min(t)[0])
+
+    def _uses_gpu(self) -> bool:
+        return (self.kernel_timer.status.available or self.cuda_event_timing) and bool(
+            torch.cuda.is_available() and torch.cuda.is_initialized()  # type: ignore[no-untyped-call]
+        )
+
+    def _generate(self, interval_proposal: float | None) -> Report | None:
+        self._require_open()
+        if self._uses_gpu():
+            torch.cuda.synchronize()
+        window = self.kernel_timer.collect()
+        sections = self._sections.summaries()
+        kernels = window.summaries()
+        self._sections.reset_window()
+        return self.reporter.generate_report(
+            sections, kernels, kernel_status=window.status, interval_proposal=interval_proposal
+        )
+
+    def generate_report(self) -> Report | None:
+        """Score the window since the last report and start a new one.
+
+        Collective when scores need other ranks: call it on every rank. Returns None
+        on ranks other than 0 when ``gather_on_rank0``.
+        """
+        return self._generate(None)
+
+    def generate_report_if_interval_elapsed(self) -> Report | None:
+        """Call once per training iteration on every rank; reports when the interval elapsed."""
+        self._require_open()
+        tracker = self.report_interval_tracker
+        tracker.iter_increase()
+        if not tracker.is_interval_elapsed():
+            return None
+        proposal = tracker.propose_interval()
+        report = self._generate(proposal)
+        agreed = self.reporter.last_agreed_interval
+        tracker.apply_agreed_interval(proposal if agreed is None else agreed)
+        return report
+
+    def is_interval_elapsed(self) -> bool:
+        """True if the last ``generate_report_if_interval_elapsed`` call reported."""
+        return self.report_interval_tracker.is_interval_elapsed()
+
+    def reset_individual_baselines(self) -> None:
+        """Forget the individual baselines, e.g. after a deliberate change of workload."""
+        self.reporter.reset_individual_baselines()
+
+    # -- lifecycle ------------------------------------------------------------------
+
+    def _require_open(self) -> None:
+        if self.closed:
+            raise RuntimeError("Detector is not initialized.")
+
+    def close(self) -> None:
+        """Restore wrapped callables and release the kernel timer; idempotent."""
+        if self.closed:
+            return
+        self.closed = True
+        self._wrapper.restore()
+        self._cpu_handles.clear()
+        self._kernel_handles.clear()
+        self.kernel_timer.close()
+
+    def __enter__(self) -> StragglerDetector:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Detector:
+    """NVRx's class-method API over one process-wide :class:`StragglerDetector`."""
+
+    initialized: ClassVar[bool] = False
+    scores_to_compute: ClassVar[list[str]] = []
+    gather_on_rank0: ClassVar[bool] = True
+    profiling_interval: ClassVar[int] = 1
+    report_time_interval: ClassVar[float] = 60.0
+    custom_sections: ClassVar[dict[str, CustomSection]] = {}
+    cupti_manager: ClassVar[KernelTimer | None] = None
+    reporter: ClassVar[ReportGenerator | None] = None
+    report_interval_tracker: ClassVar[ReportIntervalTracker | None] = None
+    original_callables: ClassVar[dict[CallableId, object]] = {}
+    _instance: ClassVar[StragglerDetector | None] = None
+    _cpu_handles: ClassVar[dict[str | None, SectionHandle]] = {}
+    _kernel_handles: ClassVar[dict[str | None, SectionHandle]] = {}
+
+    def __init__(self) -> None:
+        raise RuntimeError(
+            "class Detector should not be instantiated; use its class methods, or create a "
+            "StragglerDetector for an instance of your own"
+        )
+
+    @classmethod
+    def initialize(
+        cls,
+        scores_to_compute: str | Sequence[str] = "all",
+        gather_on_rank0: bool = True,
+        profiling_interval: int = 1,
+        report_time_interval: float = 60,
+        node_name: str | None = None,
+        **options: Any,
+    ) -> StragglerDetector:
+        """Create the process-wide detector; a second call keeps the first one.
+
+        ``options`` are the keyword-only parameters of :class:`StragglerDetector`.
+        Returns the instance in use.
+        """
+        current = cls._instance
+        if current is not None:
+            wanted = {
+                "scores_to_compute": tuple(parse_scores_to_compute(scores_to_compute)),
+                "gather_on_rank0": gather_on_rank0,
+                "profiling_interval": profiling_interval,
+                "report_time_interval": float(report_time_interval),
+                "node_name": node_name if node_name is not None else current.node_name,
+            }
+            if wanted != current.settings or options:
+                log.warning(
+                    "Detector.initialize: already initialized with %s; the new settings %s "
+                    "are ignored (call Detector.shutdown() first to change them)",
+                    current.settings,
+                    {**wanted, **options},
+                )
+            return current
+        instance = StragglerDetector(
+            scores_to_compute,
+            gather_on_rank0,
+            profiling_interval,
+            report_time_interval,
+            node_name,
+            **options,
+        )
+        cls.use(instance)
+        return instance
+
+    @classmethod
+    def use(cls, instance: StragglerDetector) -> None:
+        """Serve the class methods from ``instance`` (the current one is shut down)."""
+        if cls._instance is not None and cls._instance is not instance:
+            cls.shutdown()
+        cls._instance = instance
+        cls.initialized = True
+        cls.scores_to_compute = instance.scores_to_compute
+        cls.gather_on_rank0 = instance.gather_on_rank0
+        cls.profiling_interval = instance.profiling_interval
+        cls.report_time_interval = instance.report_time_interval
+        cls.custom_sections = instance.custom_sections
+        cls.cupti_manager = instance.kernel_timer
+        cls.reporter = instance.reporter
+        cls.report_interval_tracker = instance.report_interval_tracker
+        cls.original_callables = instance.original_callables
+        cls._cpu_handles = instance._cpu_handles
+        cls._kernel_handles = instance._kernel_handles
+
+    @classmethod
+    def instance(cls) -> StragglerDetector | None:
+        """The instance behind the class methods, or None before ``initialize``."""
+        return cls._instance
+
+    @classmethod
+    def _require(cls) -> StragglerDetector:
+        inst = cls._instance
+        if inst is None:
+            raise RuntimeError("Detector is not initialized.")
+        return inst
+
+    @classmethod
+    def detection_section(cls, name: str | None = None, profile_cuda: bool = True) -> SectionHandle:
+        """Context manager timing the enclosed code as section ``name`` (see the guide).
+
+        ``profiling_interval`` decides which entries are measured. ``name`` defaults to
+        the ``file:line`` of the call and may be used at one location only.
+        """
+        try:
+            h = (cls._kernel_handles if profile_cuda else cls._cpu_handles)[name]
+        except KeyError:
+            return cls._require()._sections.handle(name, profile_cuda, _getframe(1))
+        f = _getframe(1)
+        if f.f_code is not h.code or f.f_lasti != h.lasti:
+            cls._require()._sections.check_location(h, f)
+        return h
+
+    @classmethod
+    def wrap_callables(cls, callable_ids: list[CallableId], profile_cuda: bool = True) -> None:
+        """Time each callable as section ``str(callable_id)``; may be called repeatedly."""
+        inst = cls._require()
+        inst.wrap_callables(callable_ids, profile_cuda)
+        cls.original_callables = inst.original_callables
+
+    @classmethod
+    def restore_original_callables(cls) -> None:
+        """Put back every wrapped callable exactly as it was."""
+        if cls._instance is not None:
+            cls._instance.restore_original_callables()
+        cls.original_callables = {}
+
+    @classmethod
+    def generate_report(cls) -> Report | None:
+        """Score the window since the last report (collective); resets the window."""
+        return cls._require().generate_report()
+
+    @classmethod
+    def generate_report_if_interval_elapsed(cls) -> Report | None:
+        """Call every iteration on every rank; returns a report when the interval elapsed."""
+        return cls._require().generate_report_if_interval_elapsed()
+
+    @classmethod
+    def is_interval_elapsed(cls) -> bool:
+        """True if the previous ``generate_report_if_interval_elapsed`` call reported."""
+        return cls._instance is not None and cls._instance.is_interval_elapsed()
+
+    @classmethod
+    def shutdown(cls) -> None:
+        """Restore callables, release the kernel timer; safe to call at any time."""
+        inst = cls._instance
+        cls._instance = None
+        cls.initialized = False
+        cls.cupti_manager = None
+        cls.original_callables = {}
+        cls._cpu_handles = {}
+        cls._kernel_handles = {}
+        if inst is not None:
+            inst.close()

@@ -1,0 +1,97 @@
+"""Shared fixtures: start gloo ranks as real subprocesses and always reap them."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from nvrx.straggler import Detector
+
+WORKER = pathlib.Path(__file__).with_name("dist_worker.py")
+
+RunRanks = Callable[..., list[dict[str, Any]]]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def run_ranks(tmp_path: pathlib.Path) -> Iterator[RunRanks]:
+    """Run ``dist_worker.py SCENARIO`` on ``world`` gloo ranks; return each rank's JSON."""
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def run(
+        scenario: str, world: int, timeout: float = 90.0, **params: Any
+    ) -> list[dict[str, Any]]:
+        port = _free_port()
+        out = tmp_path / scenario
+        out.mkdir(exist_ok=True)
+        env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+        logs = []
+        for rank in range(world):
+            log = open(out / f"rank{rank}.log", "wb")  # noqa: SIM115 - closed below
+            logs.append(log)
+            procs.append(
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        str(WORKER),
+                        scenario,
+                        str(rank),
+                        str(world),
+                        str(port),
+                        str(out),
+                        json.dumps(params),
+                    ],
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                )
+            )
+        deadline = time.monotonic() + timeout
+        try:
+            for p in procs:
+                p.wait(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+        finally:
+            for log in logs:
+                log.close()
+        failed = [i for i, p in enumerate(procs) if p.returncode != 0]
+        if failed:
+            text = "\n".join(
+                f"--- rank {i} (rc={procs[i].returncode})\n"
+                + (out / f"rank{i}.log").read_text()[-3000:]
+                for i in failed
+            )
+            raise AssertionError(f"ranks {failed} failed:\n{text}")
+        procs.clear()
+        return [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]
+
+    try:
+        yield run
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+
+
+@pytest.fixture(autouse=True)
+def _detector_shut_down() -> Iterator[None]:
+    """Every test starts and ends with no process-wide Detector."""
+    Detector.shutdown()
+    yield
+    Detector.shutdown()

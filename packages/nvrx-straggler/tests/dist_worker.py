@@ -1,0 +1,142 @@
+"""One gloo rank of a multi-process straggler test.
+
+Usage: ``dist_worker.py SCENARIO RANK WORLD PORT OUT PARAMS``.
+
+Each scenario runs real sections and synthetic kernel records through a real
+StragglerDetector and writes what the test checks to ``OUT/rank<R>.json``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import pathlib
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch.distributed as dist
+
+from nvrx.straggler import (
+    Report,
+    StragglerDetector,
+    SyntheticKernelRecord,
+    SyntheticKernelTimer,
+)
+
+
+class CountingDist:
+    """Counts the torch.distributed collectives the detector issues."""
+
+    NAMES = ("all_reduce", "all_gather", "gather", "broadcast", "all_gather_object")
+
+    def __init__(self) -> None:
+        self.counts = dict.fromkeys(self.NAMES, 0)
+        for name in self.NAMES:
+            original = getattr(dist, name)
+            setattr(dist, name, self._counting(name, original))
+
+    def _counting(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            self.counts[name] += 1
+            return fn(*args, **kwargs)
+
+        return wrapper
+
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+
+def report_json(report: Report | None) -> dict[str, Any] | None:
+    return None if report is None else report.to_dict()
+
+
+def kernels(scale: float, names: list[str]) -> list[SyntheticKernelRecord]:
+    return [
+        SyntheticKernelRecord(name, 1_000, 1_000 + int(scale * (i + 1) * 10_000))
+        for i, name in enumerate(names)
+    ]
+
+
+def window(
+    det: StragglerDetector,
+    timer: SyntheticKernelTimer,
+    *,
+    steps: int,
+    sleep_s: float,
+    kernel_scale: float,
+    kernel_names: list[str],
+    sections: tuple[str, ...] = ("step",),
+) -> None:
+    for _ in range(steps):
+        for name in sections:
+            with det.detection_section(name):
+                time.sleep(sleep_s)
+                if kernel_names:
+                    timer.feed(kernels(kernel_scale, kernel_names))
+
+
+def scenario_slow_rank(rank: int, world: int, p: dict[str, Any]) -> dict[str, Any]:
+    counter = CountingDist()
+    timer = SyntheticKernelTimer()
+    det = StragglerDetector(
+        gather_on_rank0=p.get("gather", True), kernel_timer=timer, node_name=f"node{rank // 2}"
+    )
+    names = ["gemm", "softmax", "ncclDevKernel_AllReduce"]
+    slow = p["slow_rank"]
+    out: dict[str, Any] = {"reports": [], "collectives": []}
+    # Window 1: everybody equally fast (sets the individual baselines).
+    # Window 2: the slow rank sleeps 4x as long and its kernels take 4x as long.
+    # Window 3: same as 2, no new names: steady state.
+    for w in range(3):
+        factor = 4.0 if (w > 0 and rank == slow) else 1.0
+        window(det, timer, steps=4, sleep_s=0.01 * factor, kernel_scale=factor, kernel_names=names)
+        before = counter.total()
+        calls_before = det.reporter.comm.calls
+        report = det.generate_report()
+        out["collectives"].append(
+            {"dist": counter.total() - before, "comm": det.reporter.comm.calls - calls_before}
+        )
+        out["reports"].append(report_json(report))
+        if report is not None:
+            ids = report.identify_stragglers()
+            out.setdefault("stragglers", []).append(
+                {
+                    k: sorted(str(x) for x in v)
+                    if isinstance(v, set)
+                    else {s: sorted(str(x) for x in ids_) for s, ids_ in v.items()}
+                    for k, v in ids.items()
+                }
+            )
+    det.close()
+    return out
+
+
+SCENARIOS: dict[str, Callable[[int, int, dict[str, Any]], dict[str, Any]]] = {
+    "slow_rank": scenario_slow_rank,
+}
+
+
+def main() -> None:
+    scenario, rank, world, port, out = sys.argv[1:6]
+    params = json.loads(sys.argv[6])
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=int(rank),
+        world_size=int(world),
+        timeout=datetime.timedelta(seconds=60),
+    )
+    try:
+        result = SCENARIOS[scenario](int(rank), int(world), params)
+    finally:
+        dist.destroy_process_group()
+    path = pathlib.Path(out) / f"rank{rank}.json"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result))
+    tmp.replace(path)
+
+
+if __name__ == "__main__":
+    main()
