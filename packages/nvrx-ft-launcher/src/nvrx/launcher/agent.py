@@ -1,0 +1,521 @@
+"""The fault-tolerant elastic agent: torch's LocalElasticAgent with monitors and job-wide restarts.
+
+It keeps torch's rendezvous, rank assignment, worker environment, log handling and
+process management, and replaces the run loop so that:
+
+- every tick waits on the monitors' event socket, so events wake it at once;
+- a failed rank, a rank killed by its monitor, or a dead monitor whose rank was
+  connected ends the cycle with a job-wide decision (see :mod:`.coordination`);
+- other nodes learn of the decision from the store within one monitor interval;
+- restarts are charged to a job-wide budget and stop when no progress is made;
+- workload control requests (exclude this node, shut the workload down) act now.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import math
+import os
+import select
+import signal
+import socket
+import subprocess
+import time
+import uuid
+from typing import Any, cast
+
+from torch._C._distributed_c10d import Store
+from torch.distributed.elastic.agent.server.api import (
+    DEFAULT_ROLE,
+    RunResult,
+    WorkerGroup,
+    WorkerSpec,
+    WorkerState,
+)
+from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+from torch.distributed.elastic.multiprocessing import LogsSpecs
+from torch.distributed.elastic.multiprocessing.api import SubprocessContext
+from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
+
+from nvrx.ft import MonitorEvent
+
+from .coordination import Action, Decision, JobCoordinator, JobState
+from .exit_codes import ExitCode
+from .monitors import MonitorSupervisor
+from .progress import made_progress, read_progress
+
+__all__ = ["FtAgent", "LauncherExit", "RestartPolicy"]
+
+logger = logging.getLogger("nvrx.launcher")
+
+
+class LauncherExit(Exception):
+    """Ends the launcher with ``code`` after the workers were stopped."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclasses.dataclass(frozen=True)
+class RestartPolicy:
+    """How the agent restarts, stops and reports; built from the command line."""
+
+    max_restarts: int
+    workers_stop_timeout: float
+    max_no_progress_restarts: int
+    min_progress_iterations: int
+    progress_file: str | None = None
+    cycle_log: str | None = None
+    exit_barrier_timeout: float = 300.0
+
+
+@dataclasses.dataclass
+class _Cycle:
+    """What happened in the current cycle on this node."""
+
+    number: int
+    started: float
+    progress: int | None
+    connected: set[int] = dataclasses.field(default_factory=set)
+    terminated: dict[int, MonitorEvent] = dataclasses.field(default_factory=dict)
+
+
+def _describe_exit(exitcode: int) -> str:
+    if exitcode < 0:
+        try:
+            return f"was killed by signal {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"was killed by signal {-exitcode}"
+    return f"exited with code {exitcode}"
+
+
+def _describe_termination(event: MonitorEvent) -> str:
+    parts = [f"its monitor terminated it: {event.cause}"]
+    if event.section:
+        parts.append(f"section {event.section!r}")
+    if event.observed_s is not None and event.limit_s is not None:
+        parts.append(f"{event.observed_s:.2f} s > limit {event.limit_s:.2f} s")
+    return ", ".join(parts)
+
+
+class FtAgent(LocalElasticAgent):
+    """A LocalElasticAgent whose ranks are watched by monitors and restarted job-wide."""
+
+    def __init__(
+        self,
+        spec: WorkerSpec,
+        logs_specs: LogsSpecs,
+        policy: RestartPolicy,
+        monitors: MonitorSupervisor,
+        *,
+        term_timeout: float,
+        start_method: str = "spawn",
+        log_line_prefix_template: str | None = None,
+    ) -> None:
+        super().__init__(
+            spec,
+            logs_specs,
+            start_method=start_method,
+            exit_barrier_timeout=policy.exit_barrier_timeout,
+            log_line_prefix_template=log_line_prefix_template,
+            shutdown_timeout=math.ceil(term_timeout),
+        )
+        self._policy = policy
+        self._monitors = monitors
+        self._node = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self._coord: JobCoordinator | None = None
+        self._state = JobState()
+        self._cycle = _Cycle(number=0, started=time.time(), progress=None)
+        self._rendezvous_closed = False
+
+    # -- what the launcher asks after the run ------------------------------------
+
+    @property
+    def node_id(self) -> str:
+        """This launcher's name in decisions and logs."""
+        return self._node
+
+    def kill_leftover_workers(self, timeout: float = 5.0) -> None:
+        """SIGKILL the process group of every worker still alive and reap it.
+
+        The launcher's last resort on the way out (e.g. a second signal cut the
+        graceful stop short): no rank may outlive it.
+        """
+        pc = self._pcontext
+        if not isinstance(pc, SubprocessContext):
+            return
+        alive = [h.proc for h in pc.subprocess_handlers.values() if h.proc.poll() is None]
+        for proc in alive:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        deadline = time.monotonic() + timeout
+        for proc in alive:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(max(0.0, deadline - time.monotonic()))
+
+    # -- torch hooks ---------------------------------------------------------------
+
+    def _rendezvous(self, worker_group: WorkerGroup) -> None:
+        # Torch derives TORCHELASTIC_RESTART_COUNT from _remaining_restarts; we make it
+        # the job-wide cycle number, the same on every node.
+        spec = worker_group.spec
+        self._remaining_restarts = spec.max_restarts - self._state.cycle
+        super()._rendezvous(worker_group)
+        if self._coord is None:
+            # WorkerGroup.store is declared as None in torch; the rendezvous set it.
+            store = cast(Store, worker_group.store)
+            self._coord = JobCoordinator(store, spec.rdzv_handler.get_run_id(), self._node)
+        self._state = self._coord.state()
+        self._remaining_restarts = spec.max_restarts - self._state.cycle
+
+    def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
+        self._monitors.wait_ready()
+        self._cycle = _Cycle(
+            number=self._state.cycle,
+            started=time.time(),
+            progress=read_progress(self._policy.progress_file),
+        )
+        worker_ids: dict[int, Any] = super()._start_workers(worker_group)
+        return worker_ids
+
+    def _stop_workers(self, worker_group: WorkerGroup) -> None:
+        self._shutdown(signal.SIGTERM, math.ceil(self._policy.workers_stop_timeout))
+
+    def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
+        # Unlike torch's, this never stops the siblings of a failed rank itself: the
+        # decision does, with --workers-stop-timeout.
+        pc = self._pcontext
+        if not isinstance(pc, SubprocessContext):
+            raise TypeError(f"workers must run as subprocesses, got {type(pc).__name__}")
+        failures: dict[int, ProcessFailure] = {}
+        running = False
+        for local_rank, handler in pc.subprocess_handlers.items():
+            exitcode = handler.proc.poll()
+            if exitcode is None:
+                running = True
+            elif exitcode != 0:
+                worker = worker_group.workers[local_rank]
+                failures[worker.global_rank] = ProcessFailure(
+                    local_rank=local_rank,
+                    pid=handler.proc.pid,
+                    exitcode=exitcode,
+                    error_file=pc.error_files[local_rank],
+                )
+        if failures:
+            return RunResult(state=WorkerState.FAILED, failures=failures)
+        if running:
+            return RunResult(state=WorkerState.HEALTHY)
+        return RunResult(
+            state=WorkerState.SUCCEEDED,
+            return_values={w.global_rank: None for w in worker_group.workers},
+        )
+
+    def _invoke_run(self, role: str = DEFAULT_ROLE) -> RunResult:
+        spec = self._worker_group.spec
+        logger.info(
+            "[%s] node %s: starting %d worker(s)", spec.role, self._node, spec.local_world_size
+        )
+        self._initialize_workers(self._worker_group)
+        while True:
+            self._wait(spec.monitor_interval)
+            result = self._tick()
+            if result is not None:
+                return result
+
+    # -- the loop ------------------------------------------------------------------
+
+    def _wait(self, timeout: float) -> None:
+        """Sleep up to ``timeout``, waking early when a monitor reports."""
+        select.select([self._monitors.fileno()], [], [], timeout)
+
+    def _coordinator(self) -> JobCoordinator:
+        assert self._coord is not None, "no rendezvous yet"
+        return self._coord
+
+    def _tick(self) -> RunResult | None:
+        noticed = time.time()
+        wg = self._worker_group
+        causes: list[str] = []
+        shutdown: MonitorEvent | None = None
+        exclude: MonitorEvent | None = None
+        for event in self._monitors.drain_events():
+            if event.event == "rank_connected":
+                self._cycle.connected.add(event.local_rank)
+                logger.debug("rank %d (local %d) connected", event.rank, event.local_rank)
+            elif event.event == "rank_disconnected":
+                self._cycle.connected.discard(event.local_rank)
+            elif event.event == "rank_terminated":
+                self._cycle.terminated[event.local_rank] = event
+                logger.warning(
+                    "monitor of local rank %d is terminating rank %d (pid %d): %s",
+                    event.local_rank,
+                    event.rank,
+                    event.pid,
+                    event.message,
+                )
+            elif event.event == "workload_control":
+                logger.warning(
+                    "rank %d (local rank %d, pid %d) requests %s: %s",
+                    event.rank,
+                    event.local_rank,
+                    event.pid,
+                    event.action,
+                    event.description,
+                )
+                if event.action == "ShutdownWorkload":
+                    shutdown = shutdown or event
+                elif event.action == "ExcludeThisNode":
+                    exclude = exclude or event
+
+        for local_rank, code in sorted(self._monitors.dead().items()):
+            served = local_rank in self._cycle.connected
+            logger.error(
+                "the monitor of local rank %d died (exit code %s); starting a new one%s",
+                local_rank,
+                code,
+                " and restarting, since its rank was unwatched" if served else "",
+            )
+            self._monitors.replace(local_rank)
+            if served:
+                causes.append(f"the monitor of local rank {local_rank} died (exit code {code})")
+
+        coord = self._coordinator()
+        cycle = self._cycle.number
+        decision = coord.poll(cycle)
+        if decision is not None:
+            return self._apply(decision, noticed)
+
+        if shutdown is not None:
+            reason = (
+                f"rank {shutdown.rank} on node {self._node} requested ShutdownWorkload: "
+                f"{shutdown.description}"
+            )
+            decision = coord.decide(
+                cycle,
+                lambda state: Decision(
+                    Action.SHUTDOWN, reason, self._node, state, int(ExitCode.WORKLOAD_SHUTDOWN)
+                ),
+            )
+            return self._apply(decision, noticed)
+        if exclude is not None:
+            reason = (
+                f"rank {exclude.rank} asked to exclude node {self._node}: {exclude.description}"
+            )
+            decision = coord.decide(cycle, lambda state: self._restart(state, reason, exclude=True))
+            return self._apply(decision, noticed, excluded_by_request=True)
+
+        result = self._monitor_workers(wg)
+        if result.state == WorkerState.FAILED:
+            causes.extend(self._describe_failures(result))
+        if causes:
+            reason = f"on node {self._node}: " + "; ".join(causes)
+            decision = coord.decide(cycle, lambda state: self._after_failure(state, reason))
+            return self._apply(decision, noticed)
+        if result.state == WorkerState.SUCCEEDED:
+            return self._finish(result)
+        if self._nodes_waiting() > 0:
+            reason = "new nodes are waiting to join"
+            decision = coord.decide(cycle, lambda state: self._restart(state, reason))
+            return self._apply(decision, noticed)
+        return None
+
+    def _nodes_waiting(self) -> int:
+        handler = self._worker_group.spec.rdzv_handler
+        if not isinstance(handler, DynamicRendezvousHandler):
+            return 0
+        return handler.num_nodes_waiting()
+
+    def _describe_failures(self, result: RunResult) -> list[str]:
+        out = []
+        for global_rank, failure in sorted(result.failures.items()):
+            text = f"rank {global_rank} (local rank {failure.local_rank}, pid {failure.pid}) "
+            text += _describe_exit(failure.exitcode)
+            event = self._cycle.terminated.get(failure.local_rank)
+            if event is not None:
+                text += "; " + _describe_termination(event)
+            out.append(text)
+        return out
+
+    # -- decisions (computed by the node that claims the cycle) ---------------------
+
+    def _restart(self, state: JobState, reason: str, *, exclude: bool = False) -> Decision:
+        return Decision(
+            Action.RESTART,
+            reason,
+            self._node,
+            dataclasses.replace(state, cycle=state.cycle + 1),
+            excluded_node=self._node if exclude else None,
+        )
+
+    def _after_failure(self, state: JobState, reason: str) -> Decision:
+        policy = self._policy
+        if state.charged >= policy.max_restarts:
+            return Decision(
+                Action.STOP,
+                f"{reason}; no restarts left ({state.charged}/{policy.max_restarts} used)",
+                self._node,
+                state,
+                int(ExitCode.RESTARTS_EXHAUSTED),
+            )
+        no_progress = state.no_progress
+        if policy.max_no_progress_restarts > 0 and policy.progress_file is not None:
+            now = read_progress(policy.progress_file)
+            if made_progress(self._cycle.progress, now, policy.min_progress_iterations):
+                no_progress = 0
+            else:
+                no_progress += 1
+            if no_progress > policy.max_no_progress_restarts:
+                return Decision(
+                    Action.STOP,
+                    f"{reason}; no progress in {policy.progress_file} (still "
+                    f"{now}) across {policy.max_no_progress_restarts} restart(s)",
+                    self._node,
+                    dataclasses.replace(state, no_progress=no_progress),
+                    int(ExitCode.NO_PROGRESS),
+                )
+        return Decision(
+            Action.RESTART,
+            reason,
+            self._node,
+            JobState(cycle=state.cycle + 1, charged=state.charged + 1, no_progress=no_progress),
+            charged=True,
+        )
+
+    # -- acting on a decision --------------------------------------------------------
+
+    def _apply(
+        self, decision: Decision, noticed: float, *, excluded_by_request: bool = False
+    ) -> RunResult | None:
+        wg = self._worker_group
+        local = decision.node == self._node
+        t0 = time.time()
+        self._stop_workers(wg)
+        wg.state = WorkerState.STOPPED
+        stopped = time.time()
+        record: dict[str, Any] = {
+            "cycle": self._cycle.number,
+            "action": decision.action.value,
+            "reason": decision.reason,
+            "decided_by": decision.node,
+            "node": self._node,
+            "charged": decision.charged,
+            "failure_noticed": noticed,
+            "workers_stopped": stopped,
+        }
+        if excluded_by_request or decision.excluded_node == self._node:
+            self._log_cycle(record)
+            self._leave_rendezvous()
+            raise LauncherExit(int(ExitCode.NODE_EXCLUDED), decision.reason)
+        if decision.action is not Action.RESTART:
+            self._close_rendezvous()
+            self._log_cycle(record)
+            raise LauncherExit(decision.exit_code, decision.reason)
+
+        self._state = decision.state
+        budget = (
+            f"restart {decision.state.charged}/{self._policy.max_restarts}"
+            if decision.charged
+            else "restart (not charged to --max-restarts)"
+        )
+        logger.warning(
+            "%s, cycle %d -> %d, %s: %s",
+            budget,
+            self._cycle.number,
+            decision.state.cycle,
+            "decided here" if local else f"decided by {decision.node}",
+            decision.reason,
+        )
+        self._rendezvous(wg)
+        rendezvous_done = time.time()
+        worker_ids = self._start_workers(wg)
+        for local_rank, worker_id in worker_ids.items():
+            wg.workers[local_rank].id = worker_id
+        wg.state = WorkerState.HEALTHY
+        started = time.time()
+        record.update(rendezvous_done=rendezvous_done, workers_started=started)
+        logger.warning(
+            "restarted in %.2f s (stop %.2f s, rendezvous %.2f s, start %.2f s); "
+            "TORCHELASTIC_RESTART_COUNT=%d",
+            started - t0,
+            stopped - t0,
+            rendezvous_done - stopped,
+            started - rendezvous_done,
+            decision.state.cycle,
+        )
+        self._log_cycle(record)
+        return None
+
+    def _finish(self, result: RunResult) -> RunResult | None:
+        """Local workers all succeeded: wait for the other nodes, or follow a restart."""
+        coord = self._coordinator()
+        cycle = self._cycle.number
+        world = self._worker_group.group_world_size or 1
+        coord.arrive(cycle)
+        deadline = time.monotonic() + self._policy.exit_barrier_timeout
+        logger.info("local workers finished; waiting for %d node(s) in all", world)
+        while coord.arrived(cycle) < world:
+            decision = coord.poll(cycle)
+            if decision is not None:
+                return self._apply(decision, time.time())
+            if time.monotonic() > deadline:
+                logger.error(
+                    "gave up waiting for the other nodes after %.0f s",
+                    self._policy.exit_barrier_timeout,
+                )
+                break
+            self._wait(self._worker_group.spec.monitor_interval)
+            self._monitors.drain_events()
+        self._log_cycle(
+            {"cycle": cycle, "action": "finish", "node": self._node, "finished": time.time()}
+        )
+        self._close_rendezvous()
+        coord.leave(cycle, world)
+        return result
+
+    def _close_rendezvous(self) -> None:
+        """The job is over for every node: close the rendezvous (idempotent, best effort).
+
+        Never called for a local error, a signal or an exclusion, so the others (or a
+        requeued job) can still use it.
+        """
+        if self._rendezvous_closed:
+            return
+        self._rendezvous_closed = True
+        try:
+            self._worker_group.spec.rdzv_handler.shutdown()
+        except Exception as exc:  # the store host may already be gone
+            logger.debug("closing the rendezvous: %s", exc)
+
+    def _leave_rendezvous(self) -> None:
+        """Take this node out of the rendezvous now, so the others re-form without it.
+
+        Torch has no public call for this (its handler only leaves when the next
+        rendezvous starts, or after its keep-alive expires, 15 s by default).
+        """
+        handler = self._worker_group.spec.rdzv_handler
+        if not isinstance(handler, DynamicRendezvousHandler):
+            return
+        try:
+            from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
+                _RendezvousExitOp,
+            )
+
+            handler._stop_heartbeats()
+            handler._op_executor.run(_RendezvousExitOp(), time.monotonic() + 10.0)
+        except Exception as exc:  # best effort: the keep-alive expiry is the fallback
+            logger.warning("could not leave the rendezvous promptly: %s", exc)
+
+    def _log_cycle(self, record: dict[str, Any]) -> None:
+        path = self._policy.cycle_log
+        if path is None:
+            return
+        try:
+            with open(path, "a", encoding="utf-8") as stream:
+                stream.write(json.dumps(record, sort_keys=True) + "\n")
+        except OSError as exc:
+            logger.warning("could not write the cycle log %s: %s", path, exc)

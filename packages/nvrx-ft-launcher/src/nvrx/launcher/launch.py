@@ -1,0 +1,186 @@
+"""Run one node of a job: monitors, rendezvous, the agent, and a cleanup nothing escapes.
+
+This is the launcher's counterpart of torch's ``launch_agent``: it builds the same
+WorkerSpec from torch's LaunchConfig, but runs :class:`FtAgent`, starts the rank
+monitors before the rendezvous (so they come up while it runs), maps every outcome
+to an :class:`ExitCode`, and on the way out kills whatever is left.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import pathlib
+import signal
+import sys
+from types import FrameType
+
+from torch.distributed.elastic.agent.server.api import WorkerSpec
+from torch.distributed.elastic.multiprocessing.api import SignalException
+from torch.distributed.elastic.rendezvous import RendezvousParameters
+from torch.distributed.elastic.rendezvous import registry as rdzv_registry
+from torch.distributed.elastic.rendezvous.api import RendezvousError, RendezvousHandler
+from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
+from torch.distributed.launcher.api import LaunchConfig
+
+from nvrx.ft import FaultToleranceConfig
+
+from .agent import FtAgent, LauncherExit, RestartPolicy
+from .exit_codes import ExitCode, exit_code_for_signal
+from .monitors import MonitorSupervisor
+
+__all__ = ["LaunchOptions", "launch"]
+
+logger = logging.getLogger("nvrx.launcher")
+
+_EXEC_SHIM = str(pathlib.Path(__file__).with_name("_worker_exec.py"))
+
+
+@dataclasses.dataclass
+class LaunchOptions:
+    """Everything one launcher needs, parsed and validated."""
+
+    config: LaunchConfig
+    command: list[str]
+    ft_config: FaultToleranceConfig
+    term_timeout: float
+    workers_stop_timeout: float
+    monitor_ready_timeout: float
+    max_no_progress_restarts: int
+    min_progress_iterations: int
+    progress_file: str | None = None
+    cycle_log: str | None = None
+
+
+def _raise_signal(signum: int, frame: FrameType | None) -> None:
+    sig = signal.Signals(signum)
+    raise SignalException(f"ft_launcher {os.getpid()} got {sig.name}", sigval=sig)
+
+
+def _install_signal_handlers(names: str) -> list[signal.Signals]:
+    handled = []
+    for name in names.split(","):
+        name = name.strip()
+        if not name:
+            continue
+        sig = signal.Signals[name]
+        signal.signal(sig, _raise_signal)
+        handled.append(sig)
+    return handled
+
+
+def _static_master(params: RendezvousParameters) -> tuple[str | None, int | None]:
+    """MASTER_ADDR/PORT for the static backend, as torchrun derives them."""
+    if params.backend != "static":
+        return None, None
+    addr, port = parse_rendezvous_endpoint(params.endpoint, default_port=-1)
+    if port == -1:
+        raise ValueError(f"the static rendezvous needs a port: {params.endpoint!r}")
+    return addr, port
+
+
+def _spec(
+    options: LaunchOptions,
+    handler: RendezvousHandler,
+    params: RendezvousParameters,
+    monitors: MonitorSupervisor,
+) -> WorkerSpec:
+    config = options.config
+    master_addr, master_port = _static_master(params)
+    socket_template = os.fspath(monitors.runtime_dir / "monitor-${local_rank}.sock")
+    shim_args = ("-I", "-S", _EXEC_SHIM, str(os.getpid()), socket_template, *options.command)
+    extra = {
+        name: getattr(config, name)
+        for name in (
+            "event_log_handler",
+            "numa_options",
+            "duplicate_stdout_filters",
+            "duplicate_stderr_filters",
+            "virtual_local_rank",
+        )
+        if name in {f.name for f in dataclasses.fields(WorkerSpec)} and hasattr(config, name)
+    }
+    return WorkerSpec(
+        role=config.role,
+        local_world_size=config.nproc_per_node,
+        entrypoint=sys.executable,
+        args=shim_args,
+        rdzv_handler=handler,
+        max_restarts=config.max_restarts,
+        monitor_interval=config.monitor_interval,
+        master_addr=master_addr,
+        master_port=master_port,
+        local_addr=config.local_addr,
+        **extra,
+    )
+
+
+def launch(options: LaunchOptions) -> int:
+    """Run this node's share of the job and return the launcher's exit code."""
+    config = options.config
+    os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = config.signals_to_handle
+    # Each cycle's rank 0 hosts a fresh store for init_process_group. Sharing the
+    # launcher's store across restarts lets the new ranks read the previous cycle's
+    # gloo/NCCL addresses (connection refused at init).
+    os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    handled = _install_signal_handlers(config.signals_to_handle)
+    params = RendezvousParameters(
+        backend=config.rdzv_backend,
+        endpoint=config.rdzv_endpoint,
+        run_id=config.run_id,
+        min_nodes=config.min_nodes,
+        max_nodes=config.max_nodes,
+        local_addr=config.local_addr,
+        **config.rdzv_configs,
+    )
+    policy = RestartPolicy(
+        max_restarts=config.max_restarts,
+        workers_stop_timeout=options.workers_stop_timeout,
+        max_no_progress_restarts=options.max_no_progress_restarts,
+        min_progress_iterations=options.min_progress_iterations,
+        progress_file=options.progress_file,
+        cycle_log=options.cycle_log,
+    )
+    monitors: MonitorSupervisor | None = None
+    agent: FtAgent | None = None
+    code: int = ExitCode.LAUNCHER_ERROR
+    try:
+        monitors = MonitorSupervisor(
+            options.ft_config,
+            config.nproc_per_node,
+            ready_timeout=options.monitor_ready_timeout,
+        )
+        monitors.start()
+        handler = rdzv_registry.get_rendezvous_handler(params)
+        agent = FtAgent(
+            _spec(options, handler, params, monitors),
+            config.logs_specs,  # type: ignore[arg-type]
+            policy,
+            monitors,
+            term_timeout=options.term_timeout,
+            start_method=config.start_method,
+            log_line_prefix_template=config.log_line_prefix_template,
+        )
+        agent.run()
+        code = ExitCode.SUCCESS
+        logger.info("all ranks finished successfully")
+    except LauncherExit as exc:
+        code = exc.code
+        log = logger.info if code == ExitCode.SUCCESS else logger.error
+        log("stopping with exit code %d: %s", code, exc)
+    except SignalException as exc:
+        code = exit_code_for_signal(exc.sigval)
+        logger.warning("got %s: ranks were stopped; exit code %d", exc.sigval.name, code)
+    except RendezvousError as exc:
+        logger.error("rendezvous failed: %s: %s", type(exc).__name__, exc)
+    except Exception:
+        logger.exception("ft_launcher failed")
+    finally:
+        for sig in handled:
+            signal.signal(sig, signal.SIG_IGN)
+        if agent is not None:
+            agent.kill_leftover_workers()
+        if monitors is not None:
+            monitors.close()
+    return int(code)

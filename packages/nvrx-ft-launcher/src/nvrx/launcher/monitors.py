@@ -1,0 +1,135 @@
+"""The per-local-rank monitors of one node: started early, supervised, listened to.
+
+The launcher owns one :class:`nvrx.ft.RankMonitorServer` process per local rank for
+the whole job (they serve every restart), a private runtime directory holding their
+sockets, and the datagram socket on which they report events. A monitor that dies
+is noticed at the next tick and replaced; the agent decides whether the rank it
+served must be restarted too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import pathlib
+import shutil
+import signal
+import socket
+import time
+
+from nvrx.ft import (
+    FaultToleranceConfig,
+    MonitorEvent,
+    MonitorProcess,
+    RankMonitorServer,
+    create_runtime_dir,
+    parse_monitor_event,
+)
+
+__all__ = ["MonitorSupervisor"]
+
+logger = logging.getLogger("nvrx.launcher")
+
+_MAX_EVENT_BYTES = 64 * 1024
+
+
+class MonitorSupervisor:
+    """Starts, watches, replaces and stops the monitors of ``local_world_size`` slots."""
+
+    def __init__(
+        self,
+        cfg: FaultToleranceConfig,
+        local_world_size: int,
+        *,
+        ready_timeout: float = 30.0,
+    ) -> None:
+        self._cfg = cfg
+        self._local_world_size = local_world_size
+        self._ready_timeout = ready_timeout
+        self._dir = create_runtime_dir(prefix="nvrx-launcher-")
+        self._events_path = self._dir / "events.sock"
+        self._events = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self._events.bind(os.fspath(self._events_path))
+        self._events.setblocking(False)
+        self._procs: dict[int, MonitorProcess] = {}
+        self._ready: set[int] = set()
+
+    @property
+    def runtime_dir(self) -> pathlib.Path:
+        """The private 0700 directory holding every socket of this launcher."""
+        return self._dir
+
+    def socket_path(self, local_rank: int) -> pathlib.Path:
+        """Where the monitor of ``local_rank`` listens for its rank."""
+        return self._dir / f"monitor-{local_rank}.sock"
+
+    def fileno(self) -> int:
+        """The events socket, for ``select``: readable when a monitor reported."""
+        return self._events.fileno()
+
+    def _spawn(self, local_rank: int) -> None:
+        path = self.socket_path(local_rank)
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+        self._procs[local_rank] = RankMonitorServer.run_in_subprocess(
+            self._cfg, path, local_rank=local_rank, events_socket=self._events_path
+        )
+        self._ready.discard(local_rank)
+
+    def start(self) -> None:
+        """Start every monitor without waiting for them (they come up in parallel)."""
+        for local_rank in range(self._local_world_size):
+            self._spawn(local_rank)
+
+    def wait_ready(self) -> None:
+        """Block until every monitor listens; raises if one died or timed out."""
+        for local_rank, proc in sorted(self._procs.items()):
+            if local_rank not in self._ready:
+                proc.wait_ready(timeout=self._ready_timeout)
+                self._ready.add(local_rank)
+
+    def dead(self) -> dict[int, int | None]:
+        """Local ranks whose monitor is gone, with its exit code when known."""
+        return {
+            local_rank: proc.returncode
+            for local_rank, proc in self._procs.items()
+            if not proc.is_alive()
+        }
+
+    def replace(self, local_rank: int) -> None:
+        """Start a fresh monitor for ``local_rank`` (the old one is gone)."""
+        old = self._procs.get(local_rank)
+        if old is not None:
+            old.stop(timeout=1.0)
+        self._spawn(local_rank)
+
+    def pids(self) -> dict[int, int]:
+        """Monitor pids by local rank."""
+        return {local_rank: proc.pid for local_rank, proc in self._procs.items()}
+
+    def drain_events(self) -> list[MonitorEvent]:
+        """Every event queued on the socket now; malformed ones are logged and dropped."""
+        events: list[MonitorEvent] = []
+        while True:
+            try:
+                data = self._events.recv(_MAX_EVENT_BYTES)
+            except (BlockingIOError, InterruptedError):
+                return events
+            try:
+                events.append(parse_monitor_event(data))
+            except ValueError as exc:
+                logger.warning("ignoring a malformed monitor event: %s", exc)
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop every monitor (SIGTERM, then SIGKILL after ``timeout``) and remove the dir."""
+        deadline = time.monotonic() + timeout
+        for proc in self._procs.values():
+            if proc.is_alive():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(proc.pid, signal.SIGTERM)
+        for proc in self._procs.values():
+            proc.stop(timeout=max(0.0, deadline - time.monotonic()))
+        self._procs.clear()
+        self._events.close()
+        shutil.rmtree(self._dir, ignore_errors=True)

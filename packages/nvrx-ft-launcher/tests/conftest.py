@@ -1,0 +1,37 @@
+"""Fixtures that run real ft_launcher processes and always clean up after them."""
+
+from __future__ import annotations
+
+import pathlib
+import sys
+from collections.abc import Callable, Iterator
+
+import pytest
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+
+from launcher_testkit import FAST_FT, TRAIN_SCRIPT, Launcher  # type: ignore[import-not-found]
+
+
+@pytest.fixture
+def start_launcher(tmp_path: pathlib.Path) -> Iterator[Callable[..., Launcher]]:
+    """Start launchers with ``start_launcher(launcher_args, script_args)``; all are killed after."""
+    started: list[Launcher] = []
+    out = tmp_path / "out"
+    out.mkdir()
+
+    def start(
+        launcher_args: list[str], script_args: list[str] | None = None, *, name: str = "launcher"
+    ) -> Launcher:
+        launcher_args = [a.replace("{out}", str(out)) for a in launcher_args]
+        args = [*FAST_FT, *launcher_args, str(TRAIN_SCRIPT), "--out", str(out)]
+        args += script_args or []
+        launcher = Launcher(args, out, tmp_path / f"{name}.log")
+        started.append(launcher)
+        return launcher
+
+    try:
+        yield start
+    finally:
+        for launcher in started:
+            launcher.kill_tree()

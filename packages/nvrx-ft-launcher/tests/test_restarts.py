@@ -1,0 +1,209 @@
+"""Real ft_launcher jobs (gloo, CPU, loopback): crashes, hangs, budgets, progress, control."""
+
+from __future__ import annotations
+
+import json
+import signal
+from collections.abc import Callable
+from typing import Any
+
+import psutil
+import pytest
+from launcher_testkit import Launcher, free_port, read_events, wait_for  # type: ignore[import-not-found]
+
+from nvrx.launcher import ExitCode
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
+
+Start = Callable[..., Launcher]
+
+
+def _events(launcher: Launcher, event: str, **match: Any) -> list[dict[str, Any]]:
+    return [
+        e
+        for e in read_events(launcher.out)
+        if e["event"] == event and all(e.get(k) == v for k, v in match.items())
+    ]
+
+
+def _assert_resumed_and_finished(launcher: Launcher, steps: int, world: int) -> None:
+    resumed = _events(launcher, "resume", cycle=1)
+    assert len(resumed) == world
+    # Training continued from its last checkpoint, not from scratch.
+    assert all(e["step"] >= 1 for e in resumed), resumed
+    for rank in range(world):
+        assert _events(launcher, "done", rank=rank, cycle=1)
+        done_steps = {e["step"] for e in _events(launcher, "step", rank=rank)}
+        assert done_steps == set(range(1, steps + 1))
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize(
+    ("fault", "described"),
+    [
+        ("sigkill", "was killed by signal SIGKILL"),
+        ("raise", "exited with code 1"),
+        ("exit", "exited with code 3"),
+    ],
+)
+def test_crashed_rank_is_restarted_and_resumes(
+    start_launcher: Start, fault: str, described: str
+) -> None:
+    launcher = start_launcher(
+        ["--nproc-per-node", "2", "--max-restarts", "2"],
+        ["--steps", "6", "--fault", f"{fault}:1:3"],
+    )
+    assert launcher.wait() == ExitCode.SUCCESS, launcher.log()
+    _assert_resumed_and_finished(launcher, steps=6, world=2)
+    log = launcher.log()
+    assert "restart 1/2" in log
+    assert "rank 1 (local rank 1, pid" in log
+    assert described in log
+    assert "restarted in" in log
+    # Ranks keep their global rank; the restart count tells them which attempt they are.
+    starts = _events(launcher, "start", cycle=1)
+    assert sorted(e["rank"] for e in starts) == [0, 1]
+
+
+@pytest.mark.timeout(150)
+def test_hung_rank_is_killed_by_its_monitor_and_job_restarts(
+    start_launcher: Start, tmp_path: Any
+) -> None:
+    cycle_log = tmp_path / "cycles.jsonl"
+    launcher = start_launcher(
+        [
+            "--nproc-per-node",
+            "2",
+            "--max-restarts",
+            "1",
+            "--ft-rank-heartbeat-timeout",
+            "2",
+            "--ft-cycle-log",
+            str(cycle_log),
+        ],
+        ["--steps", "6", "--fault", "hang:1:3"],
+    )
+    assert launcher.wait() == ExitCode.SUCCESS, launcher.log()
+    _assert_resumed_and_finished(launcher, steps=6, world=2)
+    log = launcher.log()
+    assert "heartbeat_timeout" in log
+    records = [json.loads(line) for line in cycle_log.read_text().splitlines()]
+    restart = next(r for r in records if r["action"] == "restart")
+    assert "heartbeat_timeout" in restart["reason"]
+    assert restart["charged"] is True
+    assert restart["workers_started"] >= restart["rendezvous_done"] >= restart["workers_stopped"]
+
+
+@pytest.mark.timeout(150)
+def test_restart_budget_exhausted_gives_its_exit_code(start_launcher: Start) -> None:
+    launcher = start_launcher(
+        ["--nproc-per-node", "2", "--max-restarts", "1"],
+        ["--steps", "6", "--fault", "exit:1:2:*", "--no-checkpoint"],
+    )
+    assert launcher.wait() == ExitCode.RESTARTS_EXHAUSTED, launcher.log()
+    assert {e["cycle"] for e in _events(launcher, "start")} == {0, 1}
+    assert "no restarts left (1/1 used)" in launcher.log()
+
+
+@pytest.mark.timeout(150)
+def test_crash_loop_is_stopped_by_the_progress_rule(start_launcher: Start) -> None:
+    launcher = start_launcher(
+        [
+            "--nproc-per-node",
+            "1",
+            "--max-restarts",
+            "10",
+            "--ft-max-no-progress-restarts",
+            "1",
+            "--ft-progress-file",
+            "{out}/progress",
+        ],
+        ["--steps", "6", "--fault", "exit:0:3:*"],
+    )
+    # The first cycle reaches step 2 (progress); the next ones fail at step 3 without moving it.
+    assert launcher.wait() == ExitCode.NO_PROGRESS, launcher.log()
+    assert {e["cycle"] for e in _events(launcher, "start")} == {0, 1, 2}
+    assert "no progress in" in launcher.log()
+
+
+@pytest.mark.timeout(150)
+def test_exclusion_request_acts_at_once_and_names_the_rank(start_launcher: Start) -> None:
+    launcher = start_launcher(
+        ["--nproc-per-node", "2", "--max-restarts", "3"],
+        ["--steps", "400", "--fault", "exclude:1:2"],
+    )
+    assert launcher.wait() == ExitCode.NODE_EXCLUDED, launcher.log()
+    log = launcher.log()
+    assert "rank 1 (local rank 1, pid" in log
+    assert "requests ExcludeThisNode" in log
+    # Acted on while training was still running, not at the next restart.
+    assert max(e["step"] for e in _events(launcher, "step")) < 400
+    assert not _events(launcher, "start", cycle=1)
+
+
+@pytest.mark.timeout(150)
+def test_shutdown_request_stops_the_workload(start_launcher: Start) -> None:
+    launcher = start_launcher(
+        ["--nproc-per-node", "2", "--max-restarts", "3"],
+        ["--steps", "400", "--fault", "shutdown:0:2"],
+    )
+    assert launcher.wait() == ExitCode.WORKLOAD_SHUTDOWN, launcher.log()
+    assert "rank 0 (local rank 0, pid" in launcher.log()
+    assert "requests ShutdownWorkload" in launcher.log()
+    assert max(e["step"] for e in _events(launcher, "step")) < 400
+
+
+@pytest.mark.timeout(150)
+def test_killed_monitor_is_replaced_and_its_rank_restarted(start_launcher: Start) -> None:
+    launcher = start_launcher(
+        ["--nproc-per-node", "2", "--max-restarts", "2"],
+        ["--steps", "60", "--step-time", "0.1"],
+    )
+    wait_for(lambda: len(_events(launcher, "step")) >= 4, what="training steps")
+    old = launcher.monitor_pids()
+    assert len(old) == 2
+    psutil.Process(old[0]).send_signal(signal.SIGKILL)
+    assert launcher.wait() == ExitCode.SUCCESS, launcher.log()
+    assert "died" in launcher.log()
+    assert _events(launcher, "resume", cycle=1)
+
+
+@pytest.mark.timeout(180)
+def test_two_launchers_as_two_nodes_restart_together(start_launcher: Start) -> None:
+    port = free_port()
+    common = [
+        "--nnodes",
+        "2",
+        "--nproc-per-node",
+        "1",
+        "--max-restarts",
+        "2",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        f"127.0.0.1:{port}",
+        "--rdzv-id",
+        "two-nodes",
+        "--local-addr",
+        "127.0.0.1",
+    ]
+    first = start_launcher(
+        [*common, "--rdzv-conf", "is_host=1"],
+        ["--steps", "8", "--fault", "sigkill:1:3"],
+        name="node0",
+    )
+    second = start_launcher(
+        [*common, "--rdzv-conf", "is_host=0"],
+        ["--steps", "8", "--fault", "sigkill:1:3"],
+        name="node1",
+    )
+    assert first.wait() == ExitCode.SUCCESS, first.log() + second.log()
+    assert second.wait() == ExitCode.SUCCESS, first.log() + second.log()
+    _assert_resumed_and_finished(first, steps=8, world=2)
+    starts = {(e["cycle"], e["rank"]): e["group_rank"] for e in _events(first, "start")}
+    # Both nodes restarted, and each kept its node rank and global rank.
+    assert starts[(0, 0)] == starts[(1, 0)]
+    assert starts[(0, 1)] == starts[(1, 1)]
+    logs = first.log() + second.log()
+    assert "decided here" in logs
+    assert "decided by" in logs
