@@ -64,7 +64,10 @@ def main() -> int:
     parser.add_argument("--step-time", type=float, default=0.05)
     parser.add_argument("--fault", default=None)
     parser.add_argument("--no-checkpoint", action="store_true")
+    parser.add_argument("--ignore-sigterm", action="store_true")
     args = parser.parse_args()
+    if args.ignore_sigterm:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
     rank = int(os.environ["RANK"])
     cycle = int(os.environ["TORCHELASTIC_RESTART_COUNT"])

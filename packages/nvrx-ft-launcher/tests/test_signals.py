@@ -1,0 +1,81 @@
+"""Signals to the launcher: forwarded, escalated, and nothing outlives it."""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Callable
+
+import psutil
+import pytest
+from launcher_testkit import Launcher, read_events, wait_for  # type: ignore[import-not-found]
+
+from nvrx.launcher.exit_codes import exit_code_for_signal
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
+
+Start = Callable[..., Launcher]
+
+
+def _running(launcher: Launcher, ranks: int) -> list[psutil.Process]:
+    """Wait until every rank trains; return the launcher's children (ranks and monitors)."""
+    wait_for(
+        lambda: (
+            {e["rank"] for e in read_events(launcher.out) if e["event"] == "step"}
+            == set(range(ranks))
+        ),
+        what="every rank training",
+    )
+    procs: list[psutil.Process] = launcher.descendants()
+    assert len(launcher.monitor_pids()) == ranks
+    assert len(procs) >= 2 * ranks
+    return procs
+
+
+def _all_gone(procs: list[psutil.Process], timeout: float = 30.0) -> None:
+    def gone() -> bool:
+        for proc in procs:
+            try:
+                if proc.status() != psutil.STATUS_ZOMBIE:
+                    return False
+            except psutil.NoSuchProcess:
+                continue
+        return True
+
+    wait_for(gone, timeout=timeout, what="every rank and monitor to exit")
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signal_is_forwarded_and_no_process_is_left(
+    start_launcher: Start, sig: signal.Signals
+) -> None:
+    launcher = start_launcher(["--nproc-per-node", "2"], ["--steps", "100000"])
+    procs = _running(launcher, 2)
+    launcher.proc.send_signal(sig)
+    assert launcher.wait(60) == exit_code_for_signal(sig), launcher.log()
+    # The launcher exits only after every child is gone.
+    for proc in procs:
+        assert not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE
+
+
+@pytest.mark.timeout(120)
+def test_rank_ignoring_sigterm_is_killed_after_term_timeout(start_launcher: Start) -> None:
+    launcher = start_launcher(
+        ["--nproc-per-node", "2", "--term-timeout", "1"], ["--steps", "100000", "--ignore-sigterm"]
+    )
+    procs = _running(launcher, 2)
+    sent = time.monotonic()
+    launcher.proc.send_signal(signal.SIGTERM)
+    assert launcher.wait(60) == exit_code_for_signal(signal.SIGTERM), launcher.log()
+    assert time.monotonic() - sent >= 1.0
+    _all_gone(procs, timeout=1.0)
+
+
+@pytest.mark.timeout(120)
+def test_sigkill_of_the_launcher_takes_its_children_along(start_launcher: Start) -> None:
+    launcher = start_launcher(["--nproc-per-node", "2"], ["--steps", "100000"])
+    procs = _running(launcher, 2)
+    launcher.proc.send_signal(signal.SIGKILL)
+    launcher.wait(30)
+    _all_gone(procs)
