@@ -159,3 +159,40 @@ def probes(out: str, what: str) -> list[dict[str, object]]:
             if record["what"] == what:
                 found.append(record)
     return found
+
+
+def run_torchrun(
+    procs: Procs, cfg: dict[str, object], nproc: int = 2, timeout: float = 240.0
+) -> tuple[int, str]:
+    """Run ptl_train.py as ``nproc`` DDP ranks (gloo) under torch's own launcher."""
+    import json
+
+    args = [
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        "--monitor-interval=0.2",
+        str(TRAIN_SCRIPT),
+        json.dumps(cfg),
+    ]
+    proc = procs.python(args, env={"OMP_NUM_THREADS": "1"})
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        raise AssertionError(f"torchrun did not finish in {timeout} s:\n{out}") from None
+    return proc.returncode, out
+
+
+def results(out: str) -> dict[int, dict[str, object]]:
+    """The RESULT record of each rank, by rank."""
+    import json
+
+    found = {}
+    for line in out.splitlines():
+        if line.startswith("RESULT "):
+            record = json.loads(line[len("RESULT ") :])
+            found[int(record["rank"])] = record
+    return found

@@ -36,7 +36,8 @@ class FaultToleranceSectionsCallback(FtCallbackBase):
     Sections: ``setup`` (from the fit's setup, including checkpoint loading, to the
     first training or validation batch), ``step`` (each training step: forward,
     backward and optimizer step; and each validation step) and ``checkpointing``
-    (checkpoint saves and removals, including an async save's finalisation).
+    (checkpoint saves, from building the checkpoint to writing it, and removals,
+    including an async save's finalisation).
     Everything else is out-of-section. Sections are closed in ``finally`` blocks, so
     an exception never leaves one open. The FT config's ``rank_section_timeouts``
     must name exactly these three sections.
@@ -125,6 +126,8 @@ class FaultToleranceSectionsCallback(FtCallbackBase):
         self._wrapped.append((obj, method, own, original))
 
     def _wrap_strategy(self, trainer: Trainer) -> None:
+        # trainer.save_checkpoint also covers building the checkpoint (state dicts, hooks)
+        self._wrap(trainer, "save_checkpoint", "checkpointing")
         strategy = trainer.strategy
         for method in _STEP_METHODS:
             self._wrap(strategy, method, "step")
@@ -292,37 +295,36 @@ class FaultToleranceSectionsCallback(FtCallbackBase):
         if self.state_machine.failed:
             self._log_own(logging.INFO, "Rank exits due to a failure, won't update the FT timeouts")
             return
+        why = logging.INFO if is_final else logging.DEBUG  # mid-run: say why only in debug
         selected = []
         if self.state_machine.loaded_checkpoint:
             selected.append("setup")
         else:
             self._log0(
-                logging.INFO,
+                why,
                 "Can't update the setup section timeout until a checkpoint was loaded",
             )
         if self.state_machine.num_tr_iters_total > MIN_TR_ITERS_FOR_STEP_TIMEOUT_UPDATE:
             selected.append("step")
         else:
             self._log0(
-                logging.INFO,
+                why,
                 "Need more than %d training iterations to update the step section timeout",
                 MIN_TR_ITERS_FOR_STEP_TIMEOUT_UPDATE,
             )
         if self.uses_async_checkpointing:
-            self._log0(
-                logging.INFO, "Can't update the checkpointing section timeout with async saves"
-            )
+            self._log0(why, "Can't update the checkpointing section timeout with async saves")
         elif self.seen_checkpoint_save:
             selected.append("checkpointing")
         else:
             self._log0(
-                logging.INFO,
+                why,
                 "The checkpointing section timeout is not updated until a checkpoint was saved",
             )
         update_oos = is_final and {"setup", "step"} <= set(selected) and self.seen_checkpoint_save
         if not update_oos:
             self._log0(
-                logging.INFO,
+                why,
                 "The out-of-section timeout won't be updated until all FT sections were seen",
             )
         if not selected:

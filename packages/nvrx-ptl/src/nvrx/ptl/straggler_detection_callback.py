@@ -300,16 +300,14 @@ class StragglerDetectionCallback(Callback):
                 missing.reason,
             )
         if self.num_gpu_perf_scores_to_print > 0:
-            for title, _, scores in score_sets:
-                if scores:
-                    self._log0(
-                        logging.INFO,
-                        "\n%s:\n%s",
-                        title,
-                        format_rank_scores(
-                            scores, report.rank_to_node, self.num_gpu_perf_scores_to_print
-                        ),
-                    )
+            tables = [
+                f"{title}:\n"
+                + format_rank_scores(scores, report.rank_to_node, self.num_gpu_perf_scores_to_print)
+                for title, _, scores in score_sets
+                if scores
+            ]
+            if tables:
+                self._log0(logging.INFO, "Straggler report:\n%s", "".join(tables))
         if self.enable_ptl_logging:
             self._log_to_loggers(trainer, score_sets)
         return found
@@ -353,7 +351,7 @@ class StragglerDetectionCallback(Callback):
         dirpath = getattr(trainer.checkpoint_callback, "dirpath", None)
         if dirpath:
             path = os.path.join(dirpath, f"last-straggler-stop-step={trainer.global_step}.ckpt")
-            trainer.save_checkpoint(path)
+            trainer.save_checkpoint(path, weights_only=False)
             self._log0(logging.INFO, "Saved checkpoint %s before stopping", path)
         else:
             self._log0(

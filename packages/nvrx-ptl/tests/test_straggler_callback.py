@@ -1,0 +1,133 @@
+"""StragglerDetectionCallback with a real Trainer: scores to a CSV logger, a slow rank flagged."""
+
+from __future__ import annotations
+
+import csv
+import math
+import re
+from pathlib import Path
+
+import pytest
+
+from nvrx.ptl import StragglerDetectionCallback
+from nvrx.ptl.straggler_scores import format_rank_scores, score_summary
+
+from .conftest import Procs, results, run_torchrun, run_training
+
+SLOW_FORWARD = "section_relative_perf/DDPStrategy.training_step/min"
+
+
+def _metrics(log_dir: Path) -> list[dict[str, str]]:
+    with open(log_dir / "csv" / "version_0" / "metrics.csv") as f:
+        return list(csv.DictReader(f))
+
+
+def _cfg(tmp_path: Path, **extra: object) -> dict[str, object]:
+    cfg: dict[str, object] = {
+        "callbacks": ["straggler"],
+        "ckpt_dir": str(tmp_path / "ckpt"),
+        "log_dir": str(tmp_path / "logs"),
+        "max_steps": 120,
+        "ckpt_every": 1000,
+        "val_every": 30,
+        "step_sleep": 0.01,
+        "straggler": {"report_time_interval": 1.0, "num_gpu_perf_scores_to_print": 3},
+    }
+    cfg.update(extra)
+    return cfg
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"report_time_interval": 0}, "report_time_interval"),
+        ({"gpu_relative_perf_threshold": 1.5}, "gpu_relative_perf_threshold"),
+        ({"gpu_individual_perf_threshold": -0.1}, "gpu_individual_perf_threshold"),
+        ({"section_relative_perf_threshold": "x"}, "section_relative_perf_threshold"),
+        ({"profiling_interval": 0}, "profiling_interval"),
+        ({"num_gpu_perf_scores_to_print": -1}, "num_gpu_perf_scores_to_print"),
+        ({"calc_relative_gpu_perf": False, "calc_individual_gpu_perf": False}, "calc_"),
+    ],
+)
+def test_bad_arguments_name_the_field(kwargs: dict[str, object], field: str) -> None:
+    with pytest.raises(ValueError, match=field):
+        StragglerDetectionCallback(**kwargs)  # type: ignore[arg-type]
+
+
+def test_reference_style_positional_arguments() -> None:
+    cb = StragglerDetectionCallback(300, True, False, 5, 0.7, 0.7, False, True)
+    assert cb.scores_to_compute == ["relative_perf_scores"]
+    assert cb.profiling_interval == 1
+
+
+def test_score_table_and_summary() -> None:
+    scores = {0: 0.9, 1: 0.5, 2: 1.0, 3: 0.8, 4: 0.95, 5: float("nan")}
+    nodes = {r: f"n{r}" for r in scores}
+    table = format_rank_scores(scores, nodes, 2)
+    lines = table.splitlines()
+    assert lines[0] == " Worst performing 2/5 ranks:"
+    assert lines[1] == "  Rank=1 Node=n1 Score=0.50"
+    assert lines[2] == "  Rank=3 Node=n3 Score=0.80"
+    assert lines[3] == " Best performing 2/5 ranks:"
+    assert lines[4] == "  Rank=2 Node=n2 Score=1.00"
+    assert lines[6] == " Ranks without a comparable score: [5]"
+    few = format_rank_scores({0: 1.0, 1: 0.4}, {0: "a", 1: "b"}, 5).splitlines()
+    assert few == ["  Rank=1 Node=b Score=0.40", "  Rank=0 Node=a Score=1.00"]
+    assert score_summary(scores) == {"min": 0.5, "median": 0.9, "max": 1.0}
+    assert score_summary({0: math.nan}) == {}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_single_process_logs_section_scores_to_csv(tmp_path: Path, procs: Procs) -> None:
+    rc, out = run_training(procs, _cfg(tmp_path), env={})
+    assert rc == 0, out
+    assert "No GPU performance scores" in out
+    rows = [r for r in _metrics(tmp_path / "logs") if r.get("section_relative_perf/train_step/min")]
+    assert rows, out
+    assert float(rows[-1]["section_relative_perf/train_step/min"]) == pytest.approx(1.0)
+    assert "STRAGGLER DETECTION WARNING" not in out
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.timeout(300)
+def test_slow_rank_is_flagged_on_ddp(tmp_path: Path, procs: Procs) -> None:
+    cfg = _cfg(tmp_path, slow_rank=1, slow_sleep=0.06)
+    rc, out = run_torchrun(procs, cfg)
+    assert rc == 0, out
+    warnings = [line for line in out.splitlines() if "STRAGGLER DETECTION WARNING" in line]
+    assert warnings, out
+    flagged = [w for w in warnings if "DDPStrategy.training_step" in w]
+    assert flagged, warnings
+    assert all("rank 1 (" in w and "rank 0 (" not in w for w in flagged), flagged
+    assert "Worst performing" not in out  # 2 ranks: the whole table, worst first
+    assert re.search(r"Rank=1 Node=\S+ Score=0\.[0-5]\d\n\s+Rank=0 Node=\S+ Score=1\.00", out), out
+    assert "@rank1]" not in out, "rank 1 must not print job-wide messages"
+    rows = [r for r in _metrics(tmp_path / "logs") if r.get(SLOW_FORWARD)]
+    assert rows, out
+    assert all(float(r[SLOW_FORWARD]) < 0.7 for r in rows)
+    assert {r["rank"]: r["global_step"] for r in results(out).values()} == {0: 120, 1: 120}
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.timeout(300)
+def test_stop_if_detected_checkpoints_and_stops_every_rank(tmp_path: Path, procs: Procs) -> None:
+    cfg = _cfg(
+        tmp_path,
+        slow_rank=1,
+        slow_sleep=0.06,
+        max_steps=1000,
+        straggler={"report_time_interval": 1.0, "stop_if_detected": True},
+    )
+    rc, out = run_torchrun(procs, cfg)
+    assert rc == 0, out
+    assert "Detected stragglers. Stopping training" in out
+    steps = {r["global_step"] for r in results(out).values()}
+    assert len(results(out)) == 2
+    assert len(steps) == 1, f"both ranks stop at the same step: {steps}"
+    (step,) = steps
+    assert 0 < int(step) < 1000  # type: ignore[call-overload]
+    saved = list((tmp_path / "ckpt").glob("last-straggler-stop-step=*.ckpt"))
+    assert [p.name for p in saved] == [f"last-straggler-stop-step={step}.ckpt"]
