@@ -2,7 +2,8 @@
 
 Each step is ``[name, *args]``: init, hb, open NAME, try_open NAME, close NAME, close_all, sleep S,
 beat_for S INTERVAL, ignore_sigterm, say TEXT, hang, stop_self, shutdown, calc_hb,
-calc_sections, control ACTION, exit CODE. Markers go to stdout; the stack dump to stderr.
+calc_sections, load_state JSON, print_state, dist_init, dist_barrier, control ACTION,
+exit CODE. Markers go to stdout; the stack dump to stderr.
 """
 
 from __future__ import annotations
@@ -63,6 +64,22 @@ def main() -> int:
             client.send_workload_control_request(
                 WorkloadControlRequest(WorkloadAction[args[0]], "from the test")
             )
+        elif name == "load_state":
+            client.load_state_dict(json.loads(args[0]))
+        elif name == "print_state":
+            print("STATE " + json.dumps(client.state_dict(), sort_keys=True), flush=True)
+        elif name == "calc_hb":
+            print(f"calc_hb {client.calculate_and_set_hb_timeouts()}", flush=True)
+        elif name == "calc_sections":
+            print(f"calc_sections {client.calculate_and_set_section_timeouts()}", flush=True)
+        elif name == "dist_init":
+            import torch.distributed as dist
+
+            dist.init_process_group("gloo")
+        elif name == "dist_barrier":
+            import torch.distributed as dist
+
+            dist.barrier()
         elif name == "exit":
             return int(args[0])
         else:

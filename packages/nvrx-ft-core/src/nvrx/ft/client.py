@@ -30,14 +30,15 @@ from nvrx.ft.data import (
     WorkloadControlRequest,
 )
 from nvrx.ft.protocol import PROTOCOL_VERSION, ProtocolError, encode_frame, recv_frame
-from nvrx.ft.shm import OOS_SINCE_NS, SECTIONS_USED, SharedBlock
-from nvrx.ft.timeouts_calc import SectionAction, TimeoutsCalc, TimeoutsCalcError
+from nvrx.ft.shm import LAST_HB_NS, OOS_SINCE_NS, SECTION_BASE, SECTIONS_USED, SharedBlock
+from nvrx.ft.timeouts_calc import SectionStat, TimeoutsCalc, TimeoutsCalcError
 
 __all__ = ["RankMonitorClient", "RankMonitorClientError"]
 
 _NS = 1_000_000_000
 _CONTROL_TIMEOUT_S = 10.0
 _PROBE_PERIOD_NS = _NS
+_monotonic_ns = time.monotonic_ns
 
 
 class RankMonitorClientError(Exception):
@@ -99,9 +100,8 @@ class RankMonitorClient:
         self._lock = threading.Lock()
         self._block: SharedBlock | None = None
         self._slots: Any = None
-        self._hb_slot = 0
-        self._section_slot: dict[str, int] = {}
-        self._open_count = 0
+        self._calc = TimeoutsCalc()
+        self._section_entries: dict[str, tuple[SectionStat, int]] = {}
         self._sections_used = False
         self._next_probe_ns = 0
         self._monitor_lost = False
@@ -158,25 +158,29 @@ class RankMonitorClient:
         finally:
             for fd in fds:
                 os.close(fd)
-        slots_info = reply["slots"]
+        layout = (LAST_HB_NS, OOS_SINCE_NS, SECTIONS_USED, SECTION_BASE)
+        slots_info = reply.get("slots", {})
+        keys = ("last_hb_ns", "oos_since_ns", "sections_used", "section_base")
+        if tuple(slots_info.get(k) for k in keys) != layout:
+            sock.close()
+            block.close()
+            raise RankMonitorClientError("the rank monitor uses another shared memory layout")
+        calc = TimeoutsCalc(sections=sections, safety_factor=cfg.safety_factor)
+        calc.start_ns = calc.last_section_close_ns = int(reply["init_ns"])  # the monitor's clock
         self._sock = sock
         self._block = block
         self._slots = block.slots
-        self._hb_slot = int(slots_info["last_hb_ns"])
-        base = int(slots_info["section_base"])
-        self._section_slot = {name: base + i for i, name in enumerate(sections)}
-        self._open_count = 0
+        self._calc = calc
+        self._section_entries = {
+            name: (calc.sections[name], SECTION_BASE + i) for i, name in enumerate(sections)
+        }
         self._sections_used = False
         self._monitor_lost = False
         self._next_probe_ns = time.monotonic_ns() + _PROBE_PERIOD_NS
         self.cfg = cfg
         self.rank = rank
         self.rank_monitor_socket = path
-        self.timeouts_calc = TimeoutsCalc(
-            sections=sections,
-            start_time=int(reply["init_ns"]) / _NS,
-            safety_factor=cfg.safety_factor,
-        )
+        self.timeouts_calc = calc
         self.hb_timeouts = HeartbeatTimeouts(
             cfg.initial_rank_heartbeat_timeout, cfg.rank_heartbeat_timeout, were_calculated=False
         )
@@ -210,87 +214,101 @@ class RankMonitorClient:
             faulthandler.unregister(self._dump_signal)
             self._dump_signal = None
         self._slots = None
+        self._section_entries = {}
         if self._block is not None:
             self._block.close()
             self._block = None
 
     # -------------------------------------------------------------- hot path
+    # A few plain stores and integer operations each; see the module docstring.
 
     def send_heartbeat(self) -> None:
         """Tell the monitor this rank is alive. Never blocks; costs well under a microsecond."""
         slots = self._slots
         if slots is None:
             raise RankMonitorClientError("send_heartbeat() before init_workload_monitoring()")
-        t = time.monotonic_ns()
-        slots[self._hb_slot] = t
-        calc = self.timeouts_calc
-        assert calc is not None
-        calc.update_on_heartbeat(t / _NS)
+        t = _monotonic_ns()
+        slots[LAST_HB_NS] = t
+        calc = self._calc  # inline copy of TimeoutsCalc.heartbeat_ns: a call costs ~30%
+        prev = calc.prev_hb_ns
+        if prev:
+            interval = t - prev
+            if interval > calc.subsequent_max_ns:
+                calc.subsequent_max_ns = interval
+        else:
+            interval = t - calc.start_ns
+            if interval > calc.initial_max_ns:
+                calc.initial_max_ns = interval
+        calc.prev_hb_ns = t
         if t >= self._next_probe_ns:
             self._probe_monitor(t)
 
     def start_section(self, section: str) -> None:
-        """Open a named section (a configured one); sections may nest or overlap."""
-        slots = self._slots
-        if slots is None:
-            raise RankMonitorClientError("start_section() before init_workload_monitoring()")
-        slot = self._section_slot.get(section)
-        if slot is None:
-            raise RankMonitorClientError(
-                f"Unknown section {section!r}; configured sections: {sorted(self._section_slot)}"
-            )
-        if slots[slot]:
+        """Open a configured section; sections may nest or overlap, a name may not reopen."""
+        entry = self._section_entries.get(section)
+        if entry is None:
+            raise self._section_error("start_section", section)
+        stat, slot = entry
+        if stat.opened_ns:
             raise RankMonitorClientError(f"Section {section!r} is already open")
-        t = time.monotonic_ns()
-        slots[slot] = t
-        if not self._open_count:
+        t = _monotonic_ns()
+        slots = self._slots
+        slots[slot] = t  # the open time first, then out-of-section cleared (see nvrx.ft.shm)
+        calc = self._calc  # inline copy of TimeoutsCalc.open_ns
+        if not calc.open_count:
             slots[OOS_SINCE_NS] = 0
+            interval = t - calc.last_section_close_ns
+            if interval > calc.oos_max_ns:
+                calc.oos_max_ns = interval
             if not self._sections_used:
                 self._sections_used = True
                 slots[SECTIONS_USED] = 1
-        self._open_count += 1
-        calc = self.timeouts_calc
-        assert calc is not None
-        calc.update_on_section_event(section, SectionAction.OPEN, t / _NS)
+        calc.open_count += 1
+        stat.opened_ns = t
         if t >= self._next_probe_ns:
             self._probe_monitor(t)
 
     def end_section(self, section: str) -> None:
         """Close a section opened with :meth:`start_section`."""
-        slots = self._slots
-        if slots is None:
-            raise RankMonitorClientError("end_section() before init_workload_monitoring()")
-        slot = self._section_slot.get(section)
-        if slot is None:
-            raise RankMonitorClientError(
-                f"Unknown section {section!r}; configured sections: {sorted(self._section_slot)}"
-            )
-        if not slots[slot]:
+        entry = self._section_entries.get(section)
+        if entry is None:
+            raise self._section_error("end_section", section)
+        stat, slot = entry
+        if not stat.opened_ns:
             raise RankMonitorClientError(f"Section {section!r} is not open")
-        t = time.monotonic_ns()
-        self._open_count -= 1
-        if not self._open_count:
-            slots[OOS_SINCE_NS] = t
+        t = _monotonic_ns()
+        interval = t - stat.opened_ns  # inline copy of TimeoutsCalc.close_ns
+        if interval > stat.max_ns:
+            stat.max_ns = interval
+        stat.opened_ns = 0
+        calc = self._calc
+        calc.open_count -= 1
+        slots = self._slots
+        if not calc.open_count:
+            calc.last_section_close_ns = t
+            slots[OOS_SINCE_NS] = t  # out-of-section start first, then the section cleared
         slots[slot] = 0
-        calc = self.timeouts_calc
-        assert calc is not None
-        calc.update_on_section_event(section, SectionAction.CLOSE, t / _NS)
 
     def end_all_sections(self) -> None:
         """Close every open section (a no-op when none is open)."""
-        slots = self._slots
-        if slots is None:
+        if self._slots is None:
             raise RankMonitorClientError("end_all_sections() before init_workload_monitoring()")
-        if not self._open_count:
+        calc = self._calc
+        if not calc.open_count:
             return
-        t = time.monotonic_ns()
-        slots[OOS_SINCE_NS] = t
-        for slot in self._section_slot.values():
-            slots[slot] = 0
-        self._open_count = 0
-        calc = self.timeouts_calc
-        assert calc is not None
-        calc.update_on_section_event(None, SectionAction.CLOSE_ALL, t / _NS)
+        t = _monotonic_ns()
+        self._slots[OOS_SINCE_NS] = t
+        for stat, slot in self._section_entries.values():
+            if stat.opened_ns:
+                calc.close_ns(stat, t)
+                self._slots[slot] = 0
+
+    def _section_error(self, what: str, section: str) -> RankMonitorClientError:
+        if self._slots is None:
+            return RankMonitorClientError(f"{what}() before init_workload_monitoring()")
+        return RankMonitorClientError(
+            f"Unknown section {section!r}; configured sections: {sorted(self._section_entries)}"
+        )
 
     def _probe_monitor(self, now_ns: int) -> None:
         """About once a second: notice (and log once) that the monitor went away."""
@@ -353,6 +371,16 @@ class RankMonitorClient:
             raise RankMonitorClientError(f"{what}() before init_workload_monitoring()")
         return self.timeouts_calc
 
+    def _after_collective(self) -> None:
+        """Count the finished collective as liveness for a rank that sends heartbeats.
+
+        Waiting in the reduce for slower ranks is not an observed interval, so without
+        this the new, tighter timeout could elapse before the rank's next heartbeat.
+        The calculation's statistics are not touched.
+        """
+        if self._slots is not None and self._calc.prev_hb_ns:
+            self._slots[LAST_HB_NS] = _monotonic_ns()
+
     def calculate_and_set_hb_timeouts(self, skip_if_not_ready: bool = False) -> bool:
         """Collective: calculate heartbeat timeouts from all ranks' data and apply them.
 
@@ -361,6 +389,7 @@ class RankMonitorClient:
         calc = self._require_init("calculate_and_set_hb_timeouts")
         if _dist_ready():
             calc.synchronize_all()
+            self._after_collective()
         if not calc.can_get_hb_timeouts():
             if skip_if_not_ready:
                 return False
@@ -383,6 +412,7 @@ class RankMonitorClient:
             calc.maybe_bump_oos_time()
             if _dist_ready():
                 calc.synchronize_all()
+                self._after_collective()
             ready = calc.can_get_section_timeouts(selected, calc_out_of_section)
             if not ready:
                 if skip_if_not_ready:

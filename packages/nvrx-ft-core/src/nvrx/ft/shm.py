@@ -91,9 +91,8 @@ class SharedBlock:
         oos = s[OOS_SINCE_NS]
         last_hb = s[LAST_HB_NS]
         used = bool(s[SECTIONS_USED])
-        opened = tuple(
-            (name, s[SECTION_BASE + i]) for i, name in enumerate(sections) if s[SECTION_BASE + i]
-        )
+        values = [s[SECTION_BASE + i] for i in range(len(sections))]  # each slot read once
+        opened = tuple((name, t) for name, t in zip(sections, values, strict=True) if t)
         return RankSnapshot(last_hb, oos, used or bool(opened), opened)
 
     def close(self) -> None:

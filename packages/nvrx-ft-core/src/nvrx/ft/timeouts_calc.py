@@ -5,6 +5,10 @@ Each timeout is the safety factor times the longest interval observed on any ran
 by at most half the difference per calculation, and never below the safety factor
 times what this run observed, so a long but legitimate interval (a checkpoint)
 seen in this run is always covered.
+
+Times are kept as integer nanoseconds of ``time.monotonic_ns()`` so the rank's hot path
+(:class:`nvrx.ft.RankMonitorClient`) can update them with a few integer operations;
+the public methods and attributes use seconds, as NVRx's do.
 """
 
 from __future__ import annotations
@@ -15,7 +19,9 @@ from collections.abc import Iterable
 
 from nvrx.ft.data import HeartbeatTimeouts, SectionTimeouts
 
-__all__ = ["SectionAction", "TimeoutsCalc", "TimeoutsCalcError"]
+__all__ = ["SectionAction", "SectionStat", "TimeoutsCalc", "TimeoutsCalcError"]
+
+_NS = 1_000_000_000
 
 
 class TimeoutsCalcError(Exception):
@@ -30,6 +36,16 @@ class SectionAction(enum.Enum):
     CLOSE_ALL = 3
 
 
+class SectionStat:
+    """One section's state: when it was opened (0: closed) and its longest duration (ns)."""
+
+    __slots__ = ("max_ns", "opened_ns")
+
+    def __init__(self) -> None:
+        self.opened_ns = 0
+        self.max_ns = -1
+
+
 def _merge(current: float | None, new: float) -> float:
     """Grow at once to ``new``; shrink towards it by half the difference."""
     if current is None or new >= current:
@@ -37,12 +53,33 @@ def _merge(current: float | None, new: float) -> float:
     return 0.5 * current + 0.5 * new
 
 
+def _to_ns(t: float | None) -> int:
+    return time.monotonic_ns() if t is None else round(t * _NS)
+
+
+def _seconds(ns: int) -> float:
+    return -1.0 if ns < 0 else ns / _NS
+
+
 class TimeoutsCalc:
     """Tracks the longest heartbeat, section and out-of-section intervals of one rank.
 
-    Times are ``time.monotonic()`` seconds. Section names are the configured ones;
-    an event for another name is a :class:`TimeoutsCalcError`.
+    Times given to the methods are ``time.monotonic()`` seconds (``None``: now).
+    Section names are the configured ones; an event for another name is a
+    :class:`TimeoutsCalcError`.
     """
+
+    __slots__ = (
+        "initial_max_ns",
+        "last_section_close_ns",
+        "oos_max_ns",
+        "open_count",
+        "prev_hb_ns",
+        "safety_factor",
+        "sections",
+        "start_ns",
+        "subsequent_max_ns",
+    )
 
     def __init__(
         self,
@@ -53,100 +90,149 @@ class TimeoutsCalc:
         if safety_factor < 1.0:
             raise ValueError(f"TimeoutsCalc.safety_factor: {safety_factor!r} must be >= 1.0")
         self.safety_factor = float(safety_factor)
-        self.start_time = time.monotonic() if start_time is None else float(start_time)
-        self.prev_hb_time: float | None = None
-        self.count = 0
-        self.initial_max_time = -1.0
-        self.subsequent_max_time = -1.0
-        self.out_of_section_max_time = -1.0
-        self.section_to_max_time: dict[str, float] = {name: -1.0 for name in sections or ()}
-        self.open_sections: dict[str, float] = {}
-        self.last_section_close_time = self.start_time
+        self.start_ns = _to_ns(start_time)
+        self.prev_hb_ns = 0
+        self.initial_max_ns = -1
+        self.subsequent_max_ns = -1
+        self.oos_max_ns = -1
+        self.sections: dict[str, SectionStat] = {name: SectionStat() for name in sections or ()}
+        self.open_count = 0
+        self.last_section_close_ns = self.start_ns
 
-    def reset_start_time(self, start_time: float | None = None) -> None:
-        """Measure the initial heartbeat and first out-of-section interval from now."""
-        self.start_time = time.monotonic() if start_time is None else float(start_time)
-        if not self.open_sections:
-            self.last_section_close_time = self.start_time
+    # Seconds views, named as in NVRx.
+
+    @property
+    def start_time(self) -> float:
+        """When measuring started (monotonic seconds)."""
+        return self.start_ns / _NS
+
+    @property
+    def initial_max_time(self) -> float:
+        """Longest time from start to the first heartbeat, or -1.0."""
+        return _seconds(self.initial_max_ns)
+
+    @property
+    def subsequent_max_time(self) -> float:
+        """Longest time between two heartbeats, or -1.0."""
+        return _seconds(self.subsequent_max_ns)
+
+    @property
+    def out_of_section_max_time(self) -> float:
+        """Longest time with no section open, or -1.0."""
+        return _seconds(self.oos_max_ns)
+
+    @property
+    def section_to_max_time(self) -> dict[str, float]:
+        """Longest duration of each section, or -1.0."""
+        return {name: _seconds(s.max_ns) for name, s in self.sections.items()}
+
+    @property
+    def open_sections(self) -> dict[str, float]:
+        """Open sections and when they were opened (monotonic seconds)."""
+        return {n: s.opened_ns / _NS for n, s in self.sections.items() if s.opened_ns}
 
     @property
     def is_out_of_section(self) -> bool:
         """True while no section is open."""
-        return not self.open_sections
+        return not self.open_count
+
+    def reset_start_time(self, start_time: float | None = None) -> None:
+        """Measure the initial heartbeat and first out-of-section interval from now."""
+        self.start_ns = _to_ns(start_time)
+        if not self.open_count:
+            self.last_section_close_ns = self.start_ns
+
+    # Updates.
+
+    def heartbeat_ns(self, t: int) -> None:
+        """Record a heartbeat at ``t`` (ns). RankMonitorClient inlines a copy: keep in step."""
+        prev = self.prev_hb_ns
+        if prev:
+            interval = t - prev
+            if interval > self.subsequent_max_ns:
+                self.subsequent_max_ns = interval
+        else:
+            interval = t - self.start_ns
+            if interval > self.initial_max_ns:
+                self.initial_max_ns = interval
+        self.prev_hb_ns = t
 
     def update_on_heartbeat(self, hb_time: float | None = None) -> None:
         """Record a heartbeat sent at ``hb_time``."""
-        t = time.monotonic() if hb_time is None else hb_time
-        prev = self.prev_hb_time
-        if prev is None:
-            interval = t - self.start_time
-            if interval > self.initial_max_time:
-                self.initial_max_time = interval
-        else:
-            interval = t - prev
-            if interval > self.subsequent_max_time:
-                self.subsequent_max_time = interval
-        self.count += 1
-        self.prev_hb_time = t
+        self.heartbeat_ns(_to_ns(hb_time))
+
+    def open_ns(self, stat: SectionStat, t: int) -> None:
+        """Record opening a (closed) section at ``t`` (ns). The client inlines a copy."""
+        if not self.open_count:
+            interval = t - self.last_section_close_ns
+            if interval > self.oos_max_ns:
+                self.oos_max_ns = interval
+        self.open_count += 1
+        stat.opened_ns = t
+
+    def close_ns(self, stat: SectionStat, t: int) -> None:
+        """Record closing an (open) section at ``t`` (ns). The client inlines a copy."""
+        interval = t - stat.opened_ns
+        if interval > stat.max_ns:
+            stat.max_ns = interval
+        stat.opened_ns = 0
+        self.open_count -= 1
+        if not self.open_count:
+            self.last_section_close_ns = t
 
     def update_on_section_event(
         self, section: str | None, action: SectionAction, event_time: float | None = None
     ) -> None:
         """Record a section being opened or closed (or all sections closed) at ``event_time``."""
-        t = time.monotonic() if event_time is None else event_time
+        t = _to_ns(event_time)
         if action is SectionAction.CLOSE_ALL:
-            for name in list(self.open_sections):
-                self._close(name, t)
+            for stat in self.sections.values():
+                if stat.opened_ns:
+                    self.close_ns(stat, t)
             return
-        if section not in self.section_to_max_time:
+        found = self.sections.get(section) if section is not None else None
+        if found is None:
             raise TimeoutsCalcError(
-                f"Unknown section {section!r}; configured sections: "
-                f"{sorted(self.section_to_max_time)}"
+                f"Unknown section {section!r}; configured sections: {sorted(self.sections)}"
             )
+        stat = found
         if action is SectionAction.OPEN:
-            if section in self.open_sections:
+            if stat.opened_ns:
                 raise TimeoutsCalcError(f"Section {section!r} is already open")
-            self.maybe_bump_oos_time(t)
-            self.open_sections[section] = t
+            self.open_ns(stat, t)
         else:
-            if section not in self.open_sections:
+            if not stat.opened_ns:
                 raise TimeoutsCalcError(f"Section {section!r} is not open")
-            self._close(section, t)
-
-    def _close(self, section: str, t: float) -> None:
-        interval = t - self.open_sections.pop(section)
-        if interval > self.section_to_max_time[section]:
-            self.section_to_max_time[section] = interval
-        if not self.open_sections:
-            self.last_section_close_time = t
+            self.close_ns(stat, t)
 
     def maybe_bump_oos_time(self, curr_time: float | None = None) -> None:
         """Count the current out-of-section interval, if no section is open."""
-        if self.open_sections:
+        if self.open_count:
             return
-        t = time.monotonic() if curr_time is None else curr_time
-        interval = t - self.last_section_close_time
-        if interval > self.out_of_section_max_time:
-            self.out_of_section_max_time = interval
+        interval = _to_ns(curr_time) - self.last_section_close_ns
+        if interval > self.oos_max_ns:
+            self.oos_max_ns = interval
+
+    # Results.
 
     def can_get_hb_timeouts(self) -> bool:
         """True after at least two heartbeats (on this rank or, after a sync, any rank)."""
-        return self.initial_max_time > 0 and self.subsequent_max_time > 0
+        return self.initial_max_ns > 0 and self.subsequent_max_ns > 0
 
     def get_hb_timeouts(self, current: HeartbeatTimeouts | None = None) -> HeartbeatTimeouts:
         """Calculated heartbeat timeouts, merged with ``current`` if that was calculated."""
         if not self.can_get_hb_timeouts():
             raise TimeoutsCalcError("Not enough data to compute heartbeat timeouts")
-        initial = self.safety_factor * self.initial_max_time
-        subsequent = self.safety_factor * self.subsequent_max_time
+        initial = self.safety_factor * self.initial_max_ns / _NS
+        subsequent = self.safety_factor * self.subsequent_max_ns / _NS
         if current is not None and current.were_calculated:
             initial = _merge(current.initial, initial)
             subsequent = _merge(current.subsequent, subsequent)
         return HeartbeatTimeouts(initial=initial, subsequent=subsequent, were_calculated=True)
 
     def _selected(self, selected_sections: Iterable[str] | None) -> list[str]:
-        chosen = list(self.section_to_max_time if selected_sections is None else selected_sections)
-        unknown = sorted(set(chosen) - set(self.section_to_max_time))
+        chosen = list(self.sections if selected_sections is None else selected_sections)
+        unknown = sorted(set(chosen) - set(self.sections))
         if unknown:
             raise TimeoutsCalcError(f"Unknown sections selected: {unknown}")
         return chosen
@@ -155,12 +241,10 @@ class TimeoutsCalc:
         self, selected_sections: Iterable[str] | None = None, calc_out_of_section: bool = True
     ) -> bool:
         """True when every selected section (and out-of-section, if asked) was observed."""
-        chosen = self._selected(selected_sections)
-        if not chosen:
-            chosen = list(self.section_to_max_time)
-        if any(self.section_to_max_time[name] <= 0 for name in chosen):
+        chosen = self._selected(selected_sections) or list(self.sections)
+        if any(self.sections[name].max_ns <= 0 for name in chosen):
             return False
-        return not calc_out_of_section or self.out_of_section_max_time > 0
+        return not calc_out_of_section or self.oos_max_ns > 0
 
     def get_section_timeouts(
         self,
@@ -168,20 +252,24 @@ class TimeoutsCalc:
         calc_out_of_section: bool = True,
         current: SectionTimeouts | None = None,
     ) -> SectionTimeouts:
-        """Calculated timeouts for the selected sections, merged with ``current``."""
+        """Calculated timeouts for the selected sections, merged with ``current``.
+
+        Sections not selected keep their current value. ``selected_sections=[]``
+        calculates only the out-of-section timeout (if asked).
+        """
         chosen = self._selected(selected_sections)
         if not self.can_get_section_timeouts(chosen, calc_out_of_section):
             raise TimeoutsCalcError("Not enough data to compute section timeouts")
         current = current if current is not None else SectionTimeouts()
-        sections: dict[str, float | None] = {name: None for name in self.section_to_max_time}
+        sections: dict[str, float | None] = {name: None for name in self.sections}
         sections.update(current.section)
         for name in chosen:
-            new = self.safety_factor * self.section_to_max_time[name]
+            new = self.safety_factor * self.sections[name].max_ns / _NS
             was = current.section.get(name) if name in current.calculated_sections else None
             sections[name] = _merge(was, new)
         oos = current.out_of_section
         if calc_out_of_section:
-            new_oos = self.safety_factor * self.out_of_section_max_time
+            new_oos = self.safety_factor * self.oos_max_ns / _NS
             was_oos = oos if current.is_out_of_section_calculated else None
             oos = _merge(was_oos, new_oos)
         return SectionTimeouts(
@@ -204,20 +292,20 @@ class TimeoutsCalc:
 
         if not (dist.is_available() and dist.is_initialized()):
             raise TimeoutsCalcError("TimeoutsCalc.synchronize_all needs a default process group")
-        names = sorted(self.section_to_max_time)
+        names = sorted(self.sections)
         values = [
-            self.initial_max_time,
-            self.subsequent_max_time,
-            self.out_of_section_max_time,
-            *(self.section_to_max_time[n] for n in names),
+            self.initial_max_ns,
+            self.subsequent_max_ns,
+            self.oos_max_ns,
+            *(self.sections[n].max_ns for n in names),
         ]
         device = _reduce_device(str(dist.get_backend()))
-        tensor = torch.tensor(values, dtype=torch.float64, device=device)
+        tensor = torch.tensor(values, dtype=torch.int64, device=device)
         dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
-        reduced = tensor.cpu().tolist()
-        self.initial_max_time, self.subsequent_max_time, self.out_of_section_max_time = reduced[:3]
-        for name, value in zip(names, reduced[3:], strict=False):
-            self.section_to_max_time[name] = value
+        reduced = [int(v) for v in tensor.cpu().tolist()]
+        self.initial_max_ns, self.subsequent_max_ns, self.oos_max_ns = reduced[:3]
+        for name, value in zip(names, reduced[3:], strict=True):
+            self.sections[name].max_ns = value
 
 
 def _reduce_device(backend: str) -> str:

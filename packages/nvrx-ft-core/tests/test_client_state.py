@@ -1,0 +1,178 @@
+"""Calculated timeouts: state_dict round trip, loading before and after init, 2 gloo ranks."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+if TYPE_CHECKING:
+    from tests.conftest import Events, MakeConfig, MonitorFactory, RankFactory
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(120)]
+
+
+def _state(output: str) -> dict[str, Any]:
+    lines = [ln for ln in output.splitlines() if ln.startswith("STATE ")]
+    assert lines, output
+    state: dict[str, Any] = json.loads(lines[-1].removeprefix("STATE "))
+    return state
+
+
+def test_state_dict_round_trip_and_loaded_timeouts_are_enforced(
+    make_config: MakeConfig,
+    start_monitor: MonitorFactory,
+    start_rank: RankFactory,
+    events: Events,
+) -> None:
+    start_monitor(
+        make_config(
+            initial_rank_heartbeat_timeout=60.0,
+            rank_heartbeat_timeout=60.0,
+            rank_section_timeouts={"step": 60.0},
+            rank_out_of_section_timeout=60.0,
+            safety_factor=2.0,
+        )
+    )
+    steps: list[list[object]] = [["init"], ["print_state"]]
+    for _ in range(3):
+        steps += [["hb"], ["open", "step"], ["sleep", 0.1], ["close", "step"], ["sleep", 0.05]]
+    steps += [["calc_hb"], ["calc_sections"], ["print_state"], ["exit", 0]]
+    first = start_rank(steps)
+    assert first.wait_exit() == 0, first.output()
+    out = first.output()
+    first_state = next(ln for ln in out.splitlines() if ln.startswith("STATE "))
+    assert json.loads(first_state.removeprefix("STATE ")) == {"current_timeouts": {}}
+    state = _state(out)
+    current = state["current_timeouts"]
+    hb, sec = current["heartbeat"], current["section"]
+    assert hb["were_calculated"] is True
+    assert 0.1 <= hb["subsequent"] < 60.0
+    assert sec["calculated_sections"] == ["step"]
+    assert sec["section"]["step"] >= 0.2  # 2 x at least 0.1 s observed
+    assert json.loads(json.dumps(state)) == state
+
+    # Loaded before init: the monitor enforces the loaded (short) heartbeat timeout, not 60 s.
+    tight = {
+        "current_timeouts": {
+            "heartbeat": {"initial": 60.0, "subsequent": 0.7, "were_calculated": True}
+        }
+    }
+    second = start_rank(
+        [["load_state", json.dumps(tight)], ["init"], ["print_state"], ["hb"], ["hang"]]
+    )
+    ev = events.wait("rank_terminated")
+    assert (ev.pid, ev.cause, ev.limit_s) == (second.pid, "heartbeat_timeout", 0.7)
+    second.wait_exit()
+    assert _state(second.output()) == tight
+
+    # Loaded after init: same effect, and the round trip is exact.
+    third = start_rank([["init"], ["load_state", json.dumps(state)], ["print_state"], ["exit", 0]])
+    assert third.wait_exit() == 0, third.output()
+    assert _state(third.output()) == state
+
+
+def test_load_state_dict_rejects_malformed() -> None:
+    from nvrx.ft import RankMonitorClient, RankMonitorClientError
+
+    client = RankMonitorClient()
+    for bad in (
+        {},
+        {"current_timeouts": {"heartbeat": {"bogus": 1}}},
+        {"current_timeouts": {"heartbeat": {"initial": -1, "subsequent": 1}}},
+        {"current_timeouts": 3},
+    ):
+        with pytest.raises(RankMonitorClientError):
+            client.load_state_dict(bad)
+    client.load_state_dict({"current_timeouts": {}})
+    assert client.loaded_hb_timeouts is None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.slow
+def test_calculated_timeouts_agree_across_two_gloo_ranks(
+    make_config: MakeConfig,
+    start_monitor: MonitorFactory,
+    start_rank: RankFactory,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    cfg = make_config(rank_section_timeouts={"step": 60.0, "ckpt": 60.0}, safety_factor=2.0)
+    start_monitor(cfg, local_rank=0)
+    start_monitor(cfg, local_rank=1)
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(_free_port()))
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    ranks = []
+    for r in range(2):
+        nap = 0.05 if r == 0 else 0.3  # rank 1 has the longest intervals
+        steps: list[list[object]] = [["dist_init"], ["init"], ["dist_barrier"]]
+        for _ in range(3):
+            steps += [["hb"], ["open", "step"], ["sleep", nap], ["close", "step"]]
+        if r == 0:  # only rank 0 checkpoints: rank 1 adopts its maximum
+            steps += [["open", "ckpt"], ["sleep", 0.2], ["close", "ckpt"]]
+        steps += [["calc_hb"], ["calc_sections"], ["print_state"], ["exit", 0]]
+        ranks.append(start_rank(steps, local_rank=r, rank=r))
+    for rank in ranks:
+        assert rank.wait_exit(timeout=90) == 0, rank.output()
+    s0, s1 = (_state(rank.output()) for rank in ranks)
+    assert s0 == s1
+    sec = s0["current_timeouts"]["section"]
+    assert sec["section"]["step"] >= 2 * 0.3
+    assert sec["section"]["ckpt"] >= 2 * 0.2
+    assert s0["current_timeouts"]["heartbeat"]["subsequent"] >= 2 * 0.3
+
+
+def test_section_order_does_not_matter_in_the_reduce(tmp_path: Any) -> None:
+    script = tmp_path / "sync.py"
+    script.write_text(
+        "import os, sys, json\n"
+        "import torch.distributed as dist\n"
+        "from nvrx.ft import TimeoutsCalc, SectionAction\n"
+        "dist.init_process_group('gloo')\n"
+        "r = dist.get_rank()\n"
+        "names = ['a', 'b', 'c'] if r == 0 else ['c', 'b', 'a']\n"
+        "calc = TimeoutsCalc(sections=names, start_time=0.0)\n"
+        "calc.update_on_section_event('a', SectionAction.OPEN, 1.0)\n"
+        "calc.update_on_section_event('a', SectionAction.CLOSE, 1.0 + (5 if r == 0 else 1))\n"
+        "calc.update_on_section_event('c', SectionAction.OPEN, 10.0)\n"
+        "calc.update_on_section_event('c', SectionAction.CLOSE, 10.0 + (1 if r == 0 else 7))\n"
+        "calc.synchronize_all()\n"
+        "print(json.dumps(calc.section_to_max_time, sort_keys=True))\n"
+        "dist.destroy_process_group()\n"
+    )
+    import subprocess
+
+    env = {
+        **os.environ,
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(_free_port()),
+        "WORLD_SIZE": "2",
+    }
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script)],
+            env={**env, "RANK": str(r)},
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for r in range(2)
+    ]
+    try:
+        outs = [p.communicate(timeout=90)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert [p.returncode for p in procs] == [0, 0]
+    results = [json.loads(o.strip().splitlines()[-1]) for o in outs]
+    assert results[0] == results[1] == {"a": 5.0, "b": -1.0, "c": 7.0}

@@ -1,0 +1,82 @@
+"""The detection rules as pure functions: which checks are armed, and when they fire."""
+
+from __future__ import annotations
+
+from nvrx.ft.detection import ActiveTimeouts, find_violation, next_deadline_ns
+from nvrx.ft.shm import RankSnapshot
+
+S = 1_000_000_000
+INIT = 1000 * S
+
+
+def snap(
+    last_hb: float = 0,
+    oos_since: float | None = None,
+    used: bool = False,
+    opened: tuple[tuple[str, float], ...] = (),
+) -> RankSnapshot:
+    oos = INIT if oos_since is None else int(oos_since * S)
+    return RankSnapshot(
+        last_hb_ns=int(last_hb * S),
+        oos_since_ns=oos,
+        sections_used=used or bool(opened),
+        open_sections=tuple((n, int(t * S)) for n, t in opened),
+    )
+
+
+T = ActiveTimeouts(
+    initial_heartbeat=10.0, heartbeat=2.0, sections={"a": 5.0, "b": None}, out_of_section=None
+)
+
+
+def at(seconds: float) -> int:
+    return INIT + int(seconds * S)
+
+
+def test_initial_heartbeat_fires_only_after_its_timeout() -> None:
+    assert find_violation(snap(), T, INIT, at(9.9)) is None
+    v = find_violation(snap(), T, INIT, at(10.1))
+    assert v is not None
+    assert v.cause == "initial_heartbeat_timeout"
+    assert next_deadline_ns(snap(), T, INIT) == at(10)
+
+
+def test_sections_only_rank_is_not_held_to_heartbeats() -> None:
+    s = snap(oos_since=0, opened=(("a", 1000 + 100),))
+    assert find_violation(s, T, INIT, at(101)) is None
+    closed = snap(oos_since=1000 + 102, used=True)
+    assert find_violation(closed, T, INIT, at(5000)) is None
+
+
+def test_heartbeat_after_first_applies_even_with_sections() -> None:
+    s = snap(last_hb=1000 + 50, oos_since=0, opened=(("b", 1000 + 40),))
+    assert find_violation(s, T, INIT, at(51.5)) is None
+    v = find_violation(s, T, INIT, at(52.5))
+    assert v is not None
+    assert v.cause == "heartbeat_timeout"
+    assert v.observed_s > v.limit_s
+
+
+def test_most_overdue_open_section_is_reported_and_none_disables() -> None:
+    t = ActiveTimeouts(None, None, {"a": 5.0, "b": 1.0, "c": None}, None)
+    s = snap(oos_since=0, opened=(("a", 1000), ("b", 1000 + 3), ("c", 1000)))
+    v = find_violation(s, t, INIT, at(6))
+    assert v is not None
+    assert (v.cause, v.section) == ("section_timeout", "b")  # 2 s over beats a's 1 s over
+    assert find_violation(snap(oos_since=0, opened=(("c", 1000),)), t, INIT, at(1e6)) is None
+
+
+def test_out_of_section_from_last_close_and_torn_read_skipped() -> None:
+    t = ActiveTimeouts(None, None, {"a": 5.0}, 3.0)
+    assert find_violation(snap(oos_since=1000 + 10, used=True), t, INIT, at(12)) is None
+    v = find_violation(snap(oos_since=1000 + 10, used=True), t, INIT, at(13.5))
+    assert v is not None
+    assert v.cause == "out_of_section_timeout"
+    # No section open but the out-of-section start not yet written: skip this round.
+    assert find_violation(snap(oos_since=0, used=True), t, INIT, at(1e6)) is None
+
+
+def test_everything_disabled_never_fires() -> None:
+    t = ActiveTimeouts(None, None, {}, None)
+    assert find_violation(snap(), t, INIT, at(1e9)) is None
+    assert next_deadline_ns(snap(), t, INIT) is None
