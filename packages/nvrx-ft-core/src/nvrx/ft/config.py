@@ -252,6 +252,13 @@ class FaultToleranceConfig:
     sections-only workload is never killed for missing heartbeats; the out-of-section
     timeout is off by default, so a heartbeats-only workload is never killed for
     having no section open.
+
+    A hung rank gets SIGCONT, ``stack_dump_signal`` (its faulthandler dumps every
+    thread's stack into its log), ``rank_termination_signal`` and, after
+    ``rank_termination_grace_period``, SIGKILL. The default signal is SIGTERM rather than
+    NVRx's SIGKILL so the rank can flush logs; the grace-period SIGKILL still ends it,
+    and the launcher counts a rank its monitor terminated as failed even when a
+    framework (Lightning) turns SIGTERM into exit status 0. Set SIGKILL to skip that step.
     """
 
     workload_check_interval: float = 0.1
