@@ -113,8 +113,74 @@ def scenario_slow_rank(rank: int, world: int, p: dict[str, Any]) -> dict[str, An
     return out
 
 
+def scenario_two_ranks(rank: int, world: int, p: dict[str, Any]) -> dict[str, Any]:
+    """Missing data, gather off/on, name exchange counts, interval agreement."""
+    counter = CountingDist()
+    out: dict[str, Any] = {}
+
+    # 1. rank 1 records no kernels and never enters "extra"; gather off then on
+    for gather in (False, True):
+        timer = SyntheticKernelTimer()
+        det = StragglerDetector(gather_on_rank0=gather, kernel_timer=timer, node_name=f"n{rank}")
+        names = ["gemm"] if rank == 0 else []
+        sections = ("step", "extra") if rank == 0 else ("step",)
+        window(
+            det,
+            timer,
+            steps=3,
+            sleep_s=0.002,
+            kernel_scale=1.0,
+            kernel_names=names,
+            sections=sections,
+        )
+        out[f"missing_gather_{gather}"] = report_json(det.generate_report())
+        det.close()
+
+    # 2. names cross the wire only when new
+    timer = SyntheticKernelTimer()
+    det = StragglerDetector(kernel_timer=timer)
+    counts = []
+    for step in range(4):
+        names = ["a", "b"] + (["only_rank0_new"] if rank == 0 and step == 2 else [])
+        window(det, timer, steps=1, sleep_s=0.0, kernel_scale=1.0, kernel_names=names)
+        before = dict(counter.counts)
+        det.generate_report()
+        counts.append({k: counter.counts[k] - before[k] for k in counter.counts})
+    out["name_counts"] = counts
+    out["kernel_ids"] = det.reporter.name_mapper.id_to_kernel_name
+    det.close()
+
+    # 3. individual scores without gathering: no collective at all
+    timer = SyntheticKernelTimer()
+    det = StragglerDetector("individual_perf_scores", gather_on_rank0=False, kernel_timer=timer)
+    window(det, timer, steps=2, sleep_s=0.0, kernel_scale=1.0, kernel_names=["a"])
+    before_total = counter.total()
+    report = det.generate_report()
+    out["indiv_no_gather"] = {
+        "collectives": counter.total() - before_total,
+        "report": report_json(report),
+    }
+    det.close()
+
+    # 4. the report interval is agreed across ranks with different step times
+    det = StragglerDetector(report_time_interval=0.2, kernel_timer=SyntheticKernelTimer())
+    reported = []
+    intervals = []
+    for it in range(1, 81):
+        with det.detection_section("step", profile_cuda=False):
+            time.sleep(0.004 if rank == 0 else 0.008)
+        if det.generate_report_if_interval_elapsed() is not None or det.is_interval_elapsed():
+            reported.append(it)
+            intervals.append(det.report_interval_tracker.iter_interval)
+    out["interval"] = {"reported": reported, "intervals": intervals}
+    det.close()
+    out["pickled_collectives"] = counter.counts["all_gather_object"]
+    return out
+
+
 SCENARIOS: dict[str, Callable[[int, int, dict[str, Any]], dict[str, Any]]] = {
     "slow_rank": scenario_slow_rank,
+    "two_ranks": scenario_two_ranks,
 }
 
 

@@ -154,19 +154,27 @@ class CuptiKernelTimer:
 
 def make_kernel_timer(
     max_samples_per_kernel: int = DEFAULT_MAX_SAMPLES_PER_KERNEL,
+    cupti_module: Any = None,
 ) -> KernelTimer:
-    """The best kernel timer this process can have; a NullKernelTimer says why not."""
-    import torch
+    """The best kernel timer this process can have; a NullKernelTimer says why not.
 
-    if not torch.cuda.is_available():
-        return NullKernelTimer("no CUDA device is available", backend="cupti")
-    try:
-        from cupti import cupti
-    except ImportError as e:
-        return NullKernelTimer(
-            f"cupti-python is not importable ({e}); install nvrx-straggler[cupti]",
-            backend="cupti",
-        )
+    ``cupti_module`` stands in for ``cupti.cupti`` (tests); by default it is imported
+    only when a CUDA device is present.
+    """
+    cupti = cupti_module
+    if cupti is None:
+        import torch
+
+        if not torch.cuda.is_available():
+            return NullKernelTimer("no CUDA device is available", backend="cupti")
+        try:
+            from cupti import cupti as bindings
+        except ImportError as e:
+            return NullKernelTimer(
+                f"cupti-python is not importable ({e}); install nvrx-straggler[cupti]",
+                backend="cupti",
+            )
+        cupti = bindings
     try:
         return CuptiKernelTimer(cupti, max_samples_per_kernel)
     except Exception as e:

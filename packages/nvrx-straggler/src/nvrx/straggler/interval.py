@@ -34,7 +34,7 @@ class ReportIntervalTracker:
     """Decides on which iterations ``generate_report_if_interval_elapsed`` reports.
 
     ``agree`` takes this rank's proposal (iterations) and returns the value all ranks
-    agree on; it defaults to the local value (one process).
+    agree on; it defaults to the local value (one process). ``clock`` gives seconds.
     """
 
     INTERVAL_ESTIMATION_ITERS = 16
@@ -42,6 +42,7 @@ class ReportIntervalTracker:
     time_interval: float = 60.0
     profiling_interval: int = 1
     agree: Callable[[float], float] | None = None
+    clock: Callable[[], float] = time.monotonic
     current_iter: int = 0
     iter_interval: int | None = None
     next_report_iter: int | None = None
@@ -61,7 +62,7 @@ class ReportIntervalTracker:
 
     def iter_increase(self) -> None:
         """Count one iteration; agree on the first interval once enough steps were seen."""
-        now = time.monotonic()
+        now = self.clock()
         self.current_iter += 1
         if self.prev_iter_start_time is not None:
             self.step_times.append(now - self.prev_iter_start_time)

@@ -408,10 +408,14 @@ class ReportGenerator:
         m = self.name_mapper
         k_meds = torch.full((m.kernel_counter,), float("nan"), dtype=torch.float64)
         for name, s in kernels.items():
-            k_meds[m.get_kernel_id(name)] = s[Statistic.MED]
+            kid = m.kernel_name_to_id.get(name)
+            if kid is not None:
+                k_meds[kid] = s[Statistic.MED]
         s_meds = torch.full((m.section_counter,), float("nan"), dtype=torch.float64)
         for name, s in sections.items():
-            s_meds[m.get_section_id(name)] = s[Statistic.MED]
+            sid = m.section_name_to_id.get(name)
+            if sid is not None:
+                s_meds[sid] = s[Statistic.MED]
         return torch.cat([encode_kernel_slots(k_meds), encode_section_slots(s_meds)])
 
     def _all_reduce(
@@ -422,7 +426,11 @@ class ReportGenerator:
         exchange: bool,
         rel: bool,
     ) -> torch.Tensor:
-        """Header ``[all names known, -interval]`` plus reference slots, MIN-reduced."""
+        """Header ``[all names known, -interval]`` plus reference slots, MIN-reduced.
+
+        If any rank has a name without an id, the names are exchanged and the
+        all-reduce is repeated with the new ids (the first result is incomplete).
+        """
         proposal = -float(interval_proposal) if interval_proposal is not None else 0.0
         for attempt in range(2):
             new_s, new_k = self.name_mapper.unknown(sections, kernels)
@@ -430,7 +438,8 @@ class ReportGenerator:
             if not exchange:
                 known = True
             header = torch.tensor([1.0 if known else 0.0, proposal], dtype=torch.float64)
-            vec = torch.cat([header, self._slots(sections, kernels)]) if known and rel else header
+            # same length on every rank: the slots cover the ids all ranks share
+            vec = torch.cat([header, self._slots(sections, kernels)]) if rel else header
             reduced = self.comm.all_reduce_min(vec)
             if reduced[0] >= 1.0 or attempt == 1:
                 return reduced

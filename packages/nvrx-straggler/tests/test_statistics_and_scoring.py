@@ -1,0 +1,163 @@
+"""Statistics definition and score formulas against hand-computed values."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from nvrx.straggler import ReportGenerator, Statistic
+from nvrx.straggler.scoring import (
+    Comparability,
+    decode_slots,
+    encode_kernel_slots,
+    encode_section_slots,
+    gpu_scores,
+    section_scores,
+)
+from nvrx.straggler.statistics import summarize
+
+NAN = float("nan")
+
+
+def test_summary_uses_mean_of_middle_values_and_population_std() -> None:
+    s = summarize([4.0, 1.0, 3.0, 2.0])
+    assert s[Statistic.MIN] == 1.0
+    assert s[Statistic.MAX] == 4.0
+    assert s[Statistic.MED] == 2.5
+    assert s[Statistic.AVG] == 2.5
+    assert s[Statistic.STD] == pytest.approx(math.sqrt(1.25))
+    assert s[Statistic.NUM] == 4
+    assert summarize([7.0])[Statistic.STD] == 0.0
+    assert summarize([1.0, 2.0], count=10)[Statistic.NUM] == 10
+    with pytest.raises(ValueError, match="empty"):
+        summarize([])
+    assert str(Statistic.MED) == "MED"
+    assert repr(Statistic.MED) == "Statistic.MED"
+
+
+def _reduce(kernel_rows: list[list[float]], section_rows: list[list[float]]) -> torch.Tensor:
+    """What the MIN all-reduce across these ranks would return."""
+    encoded = [
+        torch.cat(
+            [
+                encode_kernel_slots(torch.tensor(k, dtype=torch.float64)),
+                encode_section_slots(torch.tensor(s, dtype=torch.float64)),
+            ]
+        )
+        for k, s in zip(kernel_rows, section_rows, strict=True)
+    ]
+    return torch.stack(encoded).min(dim=0).values
+
+
+def test_relative_gpu_score_compares_on_kernels_common_to_all_recording_ranks() -> None:
+    # kernels A, B; rank 2 never ran B, so only A is comparable
+    meds = [[10.0, 20.0], [20.0, 20.0], [10.0, NAN]]
+    weights = torch.tensor([[20.0, 20.0], [40.0, 20.0], [20.0, 0.0]], dtype=torch.float64)
+    reduced = _reduce(meds, [[], [], []])
+    k_ref, common, _ = decode_slots(reduced, 2, 0)
+    assert common.tolist() == [True, False]
+    scores, codes = gpu_scores(torch.tensor(meds, dtype=torch.float64), weights, k_ref, common)
+    assert scores.tolist() == pytest.approx([1.0, 0.5, 1.0])
+    assert codes.tolist() == [0, 0, 0]
+
+
+def test_rank_without_kernels_is_not_comparable_and_others_keep_scores() -> None:
+    meds = [[10.0, 20.0], [20.0, 20.0], [NAN, NAN]]
+    weights = torch.tensor([[20.0, 20.0], [40.0, 20.0], [0.0, 0.0]], dtype=torch.float64)
+    reduced = _reduce(meds, [[], [], []])
+    k_ref, common, _ = decode_slots(reduced, 2, 0)
+    assert common.tolist() == [True, True]
+    scores, codes = gpu_scores(torch.tensor(meds, dtype=torch.float64), weights, k_ref, common)
+    # rank 0: (20*1 + 20*1)/40; rank 1: (40*10/20 + 20*20/20)/60
+    assert scores[:2].tolist() == pytest.approx([1.0, 40.0 / 60.0])
+    assert math.isnan(scores[2])
+    assert codes.tolist() == [0, 0, int(Comparability.NO_DATA)]
+
+
+def test_rank_with_nothing_in_common_gets_that_reason() -> None:
+    meds = [[10.0, NAN], [NAN, 5.0]]
+    weights = torch.ones((2, 2), dtype=torch.float64)
+    k_ref, common, _ = decode_slots(_reduce(meds, [[], []]), 2, 0)
+    _, codes = gpu_scores(torch.tensor(meds, dtype=torch.float64), weights, k_ref, common)
+    assert codes.tolist() == [int(Comparability.NOTHING_IN_COMMON)] * 2
+    assert "none of this rank's kernels" in Comparability.NOTHING_IN_COMMON.describe("kernels")
+
+
+def test_section_scores_use_ranks_that_entered_the_section() -> None:
+    sections = [[4.0, 1.0], [8.0, NAN], [2.0, 3.0]]
+    _, _, s_ref = decode_slots(_reduce([[], [], []], sections), 0, 2)
+    assert s_ref.tolist() == [2.0, 1.0]
+    scores, codes = section_scores(torch.tensor(sections, dtype=torch.float64), s_ref)
+    assert scores[:, 0].tolist() == pytest.approx([0.5, 0.25, 1.0])
+    assert scores[0, 1] == pytest.approx(1.0)
+    assert scores[2, 1] == pytest.approx(1.0 / 3.0)
+    assert codes[1, 1] == int(Comparability.NO_DATA)
+
+
+def _summary(med: float, num: float = 1.0) -> dict[Statistic, float]:
+    return {
+        Statistic.MIN: med,
+        Statistic.MAX: med,
+        Statistic.MED: med,
+        Statistic.AVG: med,
+        Statistic.STD: 0.0,
+        Statistic.NUM: num,
+    }
+
+
+def test_individual_baseline_forgets_a_lucky_window() -> None:
+    gen = ReportGenerator("individual_perf_scores", node_name="n", individual_baseline_windows=2)
+    scores = []
+    for med in (10.0, 5.0, 10.0, 10.0, 10.0):
+        report = gen.generate_report({"s": _summary(med)}, {"k": _summary(med, 3.0)})
+        assert report is not None
+        scores.append(
+            (report.section_individual_perf_scores["s"][0], report.gpu_individual_perf_scores[0])
+        )
+        assert report.gpu_relative_perf_scores == {}
+    # report 3 still remembers the lucky 5.0; report 4 no longer does
+    assert scores == [(1.0, 1.0), (1.0, 1.0), (0.5, 0.5), (1.0, 1.0), (1.0, 1.0)]
+
+
+def test_comm_kernels_are_excluded_by_a_configurable_pattern() -> None:
+    gen = ReportGenerator(comm_kernel_pattern=r"^my_allreduce")
+    report = gen.generate_report(
+        {}, {"my_allreduce_blk": _summary(100.0), "ncclDevKernel": _summary(1.0)}
+    )
+    assert report is not None
+    assert set(report.local_kernel_summaries) == {"ncclDevKernel"}
+    default = ReportGenerator()
+    report = default.generate_report(
+        {},
+        {
+            "ncclDevKernel_AllReduce": _summary(1.0),
+            "cross_device_reduce_1stage": _summary(1.0),
+            "userbuffers_fp16_sum": _summary(1.0),
+            "gemm": _summary(2.0),
+        },
+    )
+    assert report is not None
+    assert set(report.local_kernel_summaries) == {"gemm"}
+
+
+def test_bad_settings_name_the_field() -> None:
+    with pytest.raises(ValueError, match="scores_to_compute"):
+        ReportGenerator("relative")
+    with pytest.raises(ValueError, match="comm_kernel_pattern"):
+        ReportGenerator(comm_kernel_pattern="(")
+    with pytest.raises(ValueError, match="individual_baseline_windows"):
+        ReportGenerator(individual_baseline_windows=0)
+
+
+def test_no_kernels_on_one_rank_is_reported_with_a_reason_not_nan() -> None:
+    gen = ReportGenerator(node_name="n")
+    report = gen.generate_report({"s": _summary(3.0)}, {})
+    assert report is not None
+    assert report.gpu_relative_perf_scores == {}
+    kinds = {(n.score, n.rank) for n in report.non_comparable}
+    assert kinds == {("gpu_relative", 0), ("gpu_individual", 0)}
+    assert all("no kernels recorded" in n.reason for n in report.non_comparable)
+    assert "NaN" not in report.to_json()
+    assert "Not comparable" in report.format_table()
