@@ -2,7 +2,8 @@
 
 Each step is ``[name, *args]``: init, hb, open NAME, try_open NAME, close NAME, close_all, sleep S,
 beat_for S INTERVAL, ignore_sigterm, say TEXT, hang, stop_self, shutdown, calc_hb,
-calc_sections, load_state JSON, print_state, dist_init, dist_barrier, control ACTION,
+calc_sections, load_state JSON, print_state, dist_init, dist_barrier,
+spawn_child, control ACTION,
 exit CODE. Markers go to stdout; the stack dump to stderr.
 """
 
@@ -80,6 +81,11 @@ def main() -> int:
             import torch.distributed as dist
 
             dist.barrier()
+        elif name == "spawn_child":
+            import subprocess
+
+            child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+            print(f"child {child.pid}", flush=True)
         elif name == "exit":
             return int(args[0])
         else:

@@ -260,3 +260,51 @@ def test_stop_is_prompt(make_config: MakeConfig, start_monitor: MonitorFactory) 
     proc, _ = start_monitor(make_config())
     proc._popen.send_signal(signal.SIGTERM)
     assert proc._popen.wait(timeout=30) == 0
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to connect as another uid")
+def test_connection_from_another_uid_is_rejected(
+    make_config: MakeConfig, start_monitor: MonitorFactory
+) -> None:
+    proc, log = start_monitor(make_config())
+    code = (
+        "import ctypes, os, socket, struct\n"
+        "os.seteuid(65534)\n"
+        "ctypes.CDLL(None).setfsuid(0)  # keep file access, present uid 65534 to the peer\n"
+        "s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)\n"
+        f"s.connect({str(proc.socket_path)!r})\n"
+        "s.settimeout(20)\n"
+        "try:\n"
+        "    s.sendall(struct.pack('>I', 2) + b'{}')\n"
+        "    print('reply', s.recv(100))\n"
+        "except OSError as exc:\n"
+        "    print('closed', exc)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    ).stdout
+    assert "reply b'{" not in out
+    _wait_until(lambda: "uid 65534 is not ours" in log.read_text())
+
+
+def test_termination_reaches_the_rank_process_group(
+    make_config: MakeConfig,
+    start_monitor: MonitorFactory,
+    start_rank: RankFactory,
+    events: Events,
+) -> None:
+    start_monitor(make_config(rank_heartbeat_timeout=0.5))
+    rank = start_rank([["init"], ["spawn_child"], ["hb"], ["hang"]])
+    rank.wait_output("child ")
+    child = int(rank.output().split("child ", 1)[1].split()[0])
+    events.wait("rank_terminated")
+    rank.wait_exit()
+
+    def child_gone() -> bool:
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            return True
+        return False
+
+    _wait_until(child_gone)
