@@ -1,14 +1,143 @@
-"""The main job: a 2-rank Lightning training run under ft_launcher with injected faults.
+"""The main job: a 2-rank Lightning run under ft_launcher that survives injected faults.
 
-Until the launcher and Lightning callbacks land this says so and exits cleanly.
+    python examples/demo/run_demo.py [--out DIR]
+
+It trains a small model on CPU (gloo) with FaultToleranceCallback and
+StragglerDetectionCallback. Rank 1 is slow on purpose, is killed in the first attempt
+and hangs in the second; ft_launcher restarts the job in place each time and training
+resumes from its last checkpoint. At the end it prints what happened: restarts with
+their causes and durations, the straggler report, the final loss, and where the logs
+and JSON reports are. Exit status 0 means the job finished after both faults.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import time
+from typing import Any
 
-def main() -> int:
-    print("The nvrx demo (a 2-rank Lightning job under ft_launcher) arrives with the launcher.")
-    return 0
+HERE = pathlib.Path(__file__).resolve().parent
+EXPECTED_RESTARTS = 2
+
+
+def launcher_command(out: pathlib.Path, args: argparse.Namespace) -> list[str]:
+    ft_launcher = pathlib.Path(sys.executable).parent / "ft_launcher"
+    return [
+        str(ft_launcher),
+        "--standalone",
+        "--nproc-per-node=2",
+        f"--max-restarts={EXPECTED_RESTARTS + 1}",
+        f"--log-dir={out / 'logs' / 'ranks'}",
+        "--tee=3",
+        f"--ft-cycle-log={out / 'restarts.jsonl'}",
+        f"--ft-progress-file={out / 'progress'}",
+        "--ft-initial-rank-heartbeat-timeout=90",
+        f"--ft-rank-heartbeat-timeout={args.heartbeat_timeout}",
+        "--workers-stop-timeout=5",
+        str(HERE / "train.py"),
+        f"--out={out}",
+        f"--max-steps={args.max_steps}",
+        "--faults=kill,hang",
+    ]
+
+
+def run_launcher(command: list[str], log_path: pathlib.Path) -> tuple[int, float]:
+    """Run ft_launcher, show its own lines live, keep everything in ``log_path``."""
+    start = time.monotonic()
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+        )
+        assert proc.stdout is not None
+        try:
+            for line in proc.stdout:
+                log.write(line)
+                if line.startswith("[ft_launcher"):
+                    print(f"{time.monotonic() - start:6.1f}s  {line.rstrip()}", flush=True)
+            rc = proc.wait()
+        except BaseException:
+            proc.terminate()  # ft_launcher forwards it to every rank and monitor
+            proc.wait(timeout=60)
+            raise
+    return rc, time.monotonic() - start
+
+
+def read_jsonl(path: pathlib.Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def describe_restart(record: dict[str, Any]) -> str:
+    cause = record.get("cause") or record.get("reason") or "unknown cause"
+    seconds = record.get("duration_s")
+    took = f" (restarted in {seconds:.1f} s)" if isinstance(seconds, (int, float)) else ""
+    return f"cycle {record.get('cycle', '?')}: {cause}{took}"
+
+
+def summary(out: pathlib.Path, rc: int, wall: float) -> tuple[str, bool]:
+    cycles = read_jsonl(out / "restarts.jsonl")
+    restarts = [r for r in cycles if r.get("action") == "restart"]
+    attempts = read_jsonl(out / "attempts.jsonl")
+    result_path = out / "result.json"
+    result = json.loads(result_path.read_text()) if result_path.exists() else None
+    report_path = out / "straggler_report.json"
+    report = json.loads(report_path.read_text()) if report_path.exists() else None
+
+    lines = ["", "=" * 72, "nvrx demo summary", "=" * 72]
+    lines.append(f"ft_launcher exit code {rc} after {wall:.1f} s")
+    lines.append(f"restarts: {len(restarts)}")
+    lines += [f"  - {describe_restart(r)}" for r in restarts]
+    lines.append("attempts (where each resumed):")
+    lines += [f"  - attempt {a['attempt']} started at step {a['start_step']}" for a in attempts]
+    if report is None:
+        lines.append("straggler report: none written")
+    else:
+        lines.append(f"straggler report (latest): stragglers {report.get('stragglers')}")
+        for row in report.get("worst", []):
+            lines.append(f"  - {row}")
+    if result is None:
+        lines.append("training did not finish: no result.json")
+    else:
+        lines.append(
+            f"finished at step {result['global_step']} (attempt {result['attempt']}), "
+            f"final loss {result['final_loss']:.4f}"
+        )
+    lines.append(f"outputs: {out}")
+    lines.append(f"  launcher log    {out / 'launcher.log'}")
+    lines.append(f"  rank logs       {out / 'logs' / 'ranks'}")
+    lines.append(f"  restarts (JSON) {out / 'restarts.jsonl'}")
+    lines.append(f"  metrics (CSV)   {out / 'logs'}")
+    if report is not None:
+        lines.append(f"  stragglers      {report_path}")
+    ok = rc == 0 and result is not None and len(restarts) == EXPECTED_RESTARTS
+    lines.append("RESULT: " + ("the job survived both faults" if ok else "FAILED"))
+    return "\n".join(lines), ok
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("demo-output"))
+    parser.add_argument("--max-steps", type=int, default=300)
+    parser.add_argument("--heartbeat-timeout", type=float, default=8.0)
+    args = parser.parse_args(argv)
+    out = args.out.resolve()
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+
+    command = launcher_command(out, args)
+    print("running:", " ".join(command), flush=True)
+    rc, wall = run_launcher(command, out / "launcher.log")
+    text, ok = summary(out, rc, wall)
+    print(text)
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import pathlib
 import time
@@ -122,6 +123,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    logging.basicConfig(
+        level=logging.INFO,
+        format=f"%(asctime)s rank{os.environ.get('RANK', '0')} %(name)s: %(message)s",
+    )
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     args.out.mkdir(parents=True, exist_ok=True)
     checkpoints = args.out / "checkpoints"
