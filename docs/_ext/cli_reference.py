@@ -1,7 +1,8 @@
-"""A ``cli-reference`` directive: the ft_launcher options, generated from its parser.
+"""Directives that render ft_launcher's options and exit codes from the code itself.
 
-The reference is rebuilt from ``nvrx.launcher.cli.get_parser()`` on every docs build,
-so the page can never drift from the code.
+``cli-reference`` renders ``nvrx.launcher.cli.get_parser()``; ``exit-codes`` renders
+``nvrx.launcher.exit_codes.exit_codes_table()``. Both are rebuilt on every docs build,
+so the pages can never drift from the code.
 """
 
 from __future__ import annotations
@@ -61,6 +62,17 @@ class CliReference(Directive):
         return sections
 
 
+class ExitCodes(Directive):
+    """The launcher's exit code table, as ``ft_launcher --help`` prints it."""
+
+    def run(self) -> list[nodes.Node]:
+        from nvrx.launcher.exit_codes import exit_codes_table
+
+        text = exit_codes_table()
+        return [nodes.literal_block(text, text)]
+
+
 def setup(app: Sphinx) -> dict[str, object]:
     app.add_directive("cli-reference", CliReference)
+    app.add_directive("exit-codes", ExitCodes)
     return {"parallel_read_safe": True, "version": "1"}
