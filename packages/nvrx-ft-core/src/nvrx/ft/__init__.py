@@ -1,32 +1,61 @@
 """Fault tolerance inside each training rank and its monitor process.
 
 Port from NVRx by changing ``nvidia_resiliency_ext.fault_tolerance`` to ``nvrx.ft``.
-Importing this package does not import torch.
+Names are imported on first use, so a monitor process (or a launcher) only pays for
+the modules it touches; importing this package never imports torch.
 """
 
-from importlib.metadata import version as _version
+from __future__ import annotations
 
-from nvrx.ft.client import RankMonitorClient, RankMonitorClientError
-from nvrx.ft.config import (
-    CLI_NONE,
-    FaultToleranceConfig,
-    add_config_arguments,
-    add_ft_arguments,
-)
-from nvrx.ft.data import (
-    MONITOR_SOCKET_ENV,
-    HeartbeatTimeouts,
-    SectionTimeouts,
-    WorkloadAction,
-    WorkloadControlRequest,
-)
-from nvrx.ft.events import MonitorEvent, parse_monitor_event
-from nvrx.ft.health import HealthError
-from nvrx.ft.runtime import create_runtime_dir
-from nvrx.ft.server import RANK_MONITOR_INIT_TIMEOUT, MonitorProcess, RankMonitorServer
-from nvrx.ft.timeouts_calc import SectionAction, TimeoutsCalc, TimeoutsCalcError
+import importlib
+from typing import TYPE_CHECKING, Any
 
-__version__: str = _version("nvrx-ft-core")
+if TYPE_CHECKING:
+    from nvrx.ft.client import RankMonitorClient, RankMonitorClientError
+    from nvrx.ft.config import (
+        CLI_NONE,
+        FaultToleranceConfig,
+        add_config_arguments,
+        add_ft_arguments,
+    )
+    from nvrx.ft.data import (
+        MONITOR_SOCKET_ENV,
+        HeartbeatTimeouts,
+        SectionTimeouts,
+        WorkloadAction,
+        WorkloadControlRequest,
+    )
+    from nvrx.ft.events import MonitorEvent, parse_monitor_event
+    from nvrx.ft.health import HealthError
+    from nvrx.ft.runtime import create_runtime_dir
+    from nvrx.ft.server import RANK_MONITOR_INIT_TIMEOUT, MonitorProcess, RankMonitorServer
+    from nvrx.ft.timeouts_calc import SectionAction, TimeoutsCalc, TimeoutsCalcError
+
+    __version__: str
+
+_WHERE = {
+    "RankMonitorClient": "client",
+    "RankMonitorClientError": "client",
+    "CLI_NONE": "config",
+    "FaultToleranceConfig": "config",
+    "add_config_arguments": "config",
+    "add_ft_arguments": "config",
+    "MONITOR_SOCKET_ENV": "data",
+    "HeartbeatTimeouts": "data",
+    "SectionTimeouts": "data",
+    "WorkloadAction": "data",
+    "WorkloadControlRequest": "data",
+    "MonitorEvent": "events",
+    "parse_monitor_event": "events",
+    "HealthError": "health",
+    "create_runtime_dir": "runtime",
+    "RANK_MONITOR_INIT_TIMEOUT": "server",
+    "MonitorProcess": "server",
+    "RankMonitorServer": "server",
+    "SectionAction": "timeouts_calc",
+    "TimeoutsCalc": "timeouts_calc",
+    "TimeoutsCalcError": "timeouts_calc",
+}
 
 __all__ = [
     "CLI_NONE",
@@ -52,3 +81,21 @@ __all__ = [
     "create_runtime_dir",
     "parse_monitor_event",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """Import a public name (or compute ``__version__``) on first access."""
+    if name == "__version__":
+        from importlib.metadata import version
+
+        value: Any = version("nvrx-ft-core")
+    elif name in _WHERE:
+        value = getattr(importlib.import_module(f"nvrx.ft.{_WHERE[name]}"), name)
+    else:
+        raise AttributeError(f"module 'nvrx.ft' has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

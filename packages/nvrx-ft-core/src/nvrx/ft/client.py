@@ -37,6 +37,7 @@ __all__ = ["RankMonitorClient", "RankMonitorClientError"]
 
 _NS = 1_000_000_000
 _CONTROL_TIMEOUT_S = 10.0
+_CONNECT_RETRY_S = 5.0
 _PROBE_PERIOD_NS = _NS
 _monotonic_ns = time.monotonic_ns
 
@@ -56,6 +57,19 @@ def _current_rank() -> int:
         return int(rank)
     except ValueError:
         raise RankMonitorClientError(f"$RANK={rank!r} is not an integer") from None
+
+
+def _connect(sock: socket.socket, path: str) -> None:
+    """Connect, waiting up to a few seconds for a monitor that is (re)starting."""
+    deadline = time.monotonic() + _CONNECT_RETRY_S
+    while True:
+        try:
+            sock.connect(path)
+            return
+        except (FileNotFoundError, ConnectionRefusedError):
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.02)
 
 
 def _dist_ready() -> bool:
@@ -124,7 +138,7 @@ class RankMonitorClient:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(_CONTROL_TIMEOUT_S)
         try:
-            sock.connect(path)
+            _connect(sock, path)
             sock.sendall(
                 encode_frame(
                     {

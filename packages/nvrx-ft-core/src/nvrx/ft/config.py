@@ -17,8 +17,6 @@ import tempfile
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import yaml
-
 __all__ = [
     "CLI_NONE",
     "FaultToleranceConfig",
@@ -300,6 +298,8 @@ class FaultToleranceConfig:
         cls, cfg_path: str | os.PathLike[str], ignore_not_recognized: bool = True
     ) -> FaultToleranceConfig:
         """Build from the first ``fault_tolerance`` mapping found at any depth of a YAML file."""
+        import yaml  # only here: a monitor process never needs it
+
         path = pathlib.Path(cfg_path)
         with path.open(encoding="utf-8") as stream:
             document = yaml.safe_load(stream)
@@ -336,6 +336,8 @@ class FaultToleranceConfig:
 
     def to_yaml_file(self, cfg_path: str | os.PathLike[str]) -> None:
         """Write ``{fault_tolerance: {...}}`` atomically; ``from_yaml_file`` reads it back."""
+        import yaml
+
         path = pathlib.Path(cfg_path)
         text = yaml.safe_dump({"fault_tolerance": self.to_dict()}, sort_keys=False)
         fd, tmp = tempfile.mkstemp(dir=path.parent or ".", prefix=f".{path.name}.", suffix=".tmp")

@@ -12,7 +12,6 @@ import logging
 import os
 import pathlib
 import re
-import xml.etree.ElementTree as ET
 from typing import Any
 
 from nvrx.ft.config import FaultToleranceConfig
@@ -135,6 +134,8 @@ def nic_for_gpu_from_topology(topo_file: str | os.PathLike[str], gpu_index: int)
     The GPU is the ``<gpu dev="N">`` element; its NIC is the first ``<net name=...>``
     under the nearest enclosing element that has one (same PCI switch first).
     """
+    import xml.etree.ElementTree as ET
+
     root = ET.parse(topo_file).getroot()  # noqa: S314 - a local file the user configured
     parents = {child: parent for parent in root.iter() for child in parent}
     for gpu in root.iter("gpu"):
@@ -178,7 +179,7 @@ class NicHealthCheck:
         if cfg.pci_topo_file:
             try:
                 nic = nic_for_gpu_from_topology(cfg.pci_topo_file, local_rank)
-            except (OSError, ET.ParseError) as exc:
+            except (OSError, SyntaxError) as exc:  # ET.ParseError is a SyntaxError
                 self._logger.warning("NIC health check: cannot read %s: %s", cfg.pci_topo_file, exc)
                 nic = None
             if nic is not None:
