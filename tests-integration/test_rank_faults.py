@@ -1,0 +1,135 @@
+"""The fault matrix, rank side: every kind of rank fault is survived by an in-job restart.
+
+Each case is a real ft_launcher run of ``scripts/ddp_steps.py`` with 2 ranks on CPU
+(gloo). It checks the launcher's exit code, the cause the launcher gives for each
+restart (its cycle log), that training ran every step exactly once across the
+restarts (resume from the last checkpoint), and, through the ``launch`` fixture, that
+no process of the run is left behind.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import signal
+
+import pytest
+from conftest import Launch
+from itest_harness import assert_every_step_once, matches, restart_reasons, wait_for
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
+
+STEPS = 12
+#: sum over steps s and ranks r of s * (r + 1), for 2 ranks: what an exactly-once run totals.
+EXPECTED_TOTAL = 3 * STEPS * (STEPS + 1) // 2
+RANK1 = r"rank 1 \(local rank 1, pid \d+\)"
+
+
+@dataclasses.dataclass(frozen=True)
+class Fault:
+    """One injected rank fault and the restart cause the launcher must report for it."""
+
+    spec: str
+    cause: str
+    script_args: tuple[str, ...] = ()
+    launcher_args: tuple[str, ...] = ()
+
+
+FAULTS = {
+    "sigkill": Fault("sigkill:1:5:0", rf"{RANK1} was killed by signal SIGKILL"),
+    "exception": Fault("raise:1:5:0", rf"{RANK1} exited with code 1"),
+    "exit-nonzero": Fault("exit:1:5:0", rf"{RANK1} exited with code 7"),
+    "sigstop-hang": Fault(
+        "sigstop:1:5:0", rf"{RANK1} [^;]+; its monitor terminated it: heartbeat_timeout"
+    ),
+    "hang-ignoring-sigterm": Fault(
+        "hang_ignoring_sigterm:1:5:0",
+        # Only the monitor's escalation after the grace period can end this rank: the
+        # launcher stops ranks only after a failure, and the other rank is healthy.
+        rf"{RANK1} was killed by signal SIGKILL; its monitor terminated it: heartbeat_timeout",
+    ),
+    "hang-in-section": Fault(
+        "hang_in_section:1:5:0",
+        rf"{RANK1} [^;]+; its monitor terminated it: section_timeout, section 'step'",
+        script_args=("--sections",),
+        launcher_args=("--ft-rank-section-timeouts=step:3",),
+    ),
+    "hang-before-first-heartbeat": Fault(
+        "hang:1:0:0",
+        rf"{RANK1} [^;]+; its monitor terminated it: initial_heartbeat_timeout",
+        # The script connects to its monitor after torch's start-up, so a short
+        # initial timeout only has to cover its first heartbeat.
+        launcher_args=("--ft-initial-rank-heartbeat-timeout=5",),
+    ),
+}
+
+
+def _check_training(journal: list[dict[str, object]], attempts: int) -> dict[int, int]:
+    resumes = assert_every_step_once(journal, STEPS)
+    done = [e for e in journal if e["event"] == "done" and e["rank"] == 0]
+    assert done[-1]["total"] == EXPECTED_TOTAL, f"final total {done[-1]['total']}"
+    started = {e["attempt"] for e in journal if e["event"] == "start"}
+    assert started == set(range(attempts)), f"attempts started: {sorted(started)}"  # type: ignore[type-var]
+    return resumes
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("fault", list(FAULTS.values()), ids=list(FAULTS))
+def test_rank_fault_is_restarted_and_training_resumes(launch: Launch, fault: Fault) -> None:
+    run = launch(["--fault", fault.spec, *fault.script_args], fault.launcher_args)
+    run.expect_exit(0, timeout=150)
+
+    reasons = restart_reasons(run.cycles())
+    assert len(reasons) == 1, f"expected one restart, got {reasons}"
+    assert matches(fault.cause, reasons[0]), f"restart cause {reasons[0]!r} !~ {fault.cause!r}"
+    faults = [e for e in run.journal() if e["event"] == "fault"]
+    assert [(e["rank"], e["attempt"]) for e in faults] == [(1, 0)]
+    _check_training(run.journal(), attempts=2)
+
+
+@pytest.mark.timeout(180)
+def test_checkpoint_resume_loses_and_repeats_no_step(launch: Launch) -> None:
+    """Killed between checkpoints: the next attempt resumes from the last one, no gap."""
+    run = launch(["--fault", "sigkill:1:8:0", "--checkpoint-every", "3"])
+    run.expect_exit(0, timeout=150)
+    journal = run.journal()
+    resumes = _check_training(journal, attempts=2)
+    checkpoints = [e["step"] for e in journal if e["event"] == "checkpoint" and e["attempt"] == 0]
+    assert checkpoints == [3, 6], checkpoints
+    assert resumes == {0: 0, 1: 6}
+    # Step 7 ran in attempt 0 after the last checkpoint, so it ran again in attempt 1.
+    rerun = [e for e in journal if e["event"] == "step" and e["step"] == 7 and e["rank"] == 0]
+    assert [e["attempt"] for e in rerun] == [0, 1]
+
+
+@pytest.mark.timeout(240)
+def test_two_faults_in_a_row(launch: Launch) -> None:
+    run = launch(["--fault", "sigkill:1:4:0", "--fault", "raise:0:8:1"], ["--max-restarts=2"])
+    run.expect_exit(0, timeout=210)
+    cycles = [c for c in run.cycles() if c.get("action") == "restart"]
+    assert [c["cycle"] for c in cycles] == [0, 1]
+    assert all(c["charged"] for c in cycles)
+    assert matches(rf"{RANK1} was killed by signal SIGKILL", cycles[0]["reason"])
+    assert matches(r"rank 0 \(local rank 0, pid \d+\) exited with code 1", cycles[1]["reason"])
+    assert "restart 2/2" in run.log()
+    resumes = _check_training(run.journal(), attempts=3)
+    assert resumes == {0: 0, 1: 3, 2: 6}
+
+
+@pytest.mark.timeout(180)
+def test_killed_monitor_is_replaced_and_its_rank_restarted(launch: Launch) -> None:
+    run = launch(["--step-time", "0.3"])
+    wait_for(lambda: run.steps_done(attempt=0, rank=1) >= 2, 90, "rank 1 at step 2")
+    old = run.monitor_pid(local_rank=1)
+    os.kill(old, signal.SIGKILL)
+    run.expect_exit(0, timeout=150)
+
+    reasons = restart_reasons(run.cycles())
+    assert len(reasons) == 1, reasons
+    assert "the monitor of local rank 1 died" in reasons[0]
+    # The monitor log lines carry the monitor's pid: a new monitor watched attempt 1.
+    watchers = re.findall(r"\[RankMonitor(\d+):local_rank 1:rank 1\] monitoring rank 1", run.log())
+    assert str(old) in watchers, watchers
+    assert set(watchers) - {str(old)}, f"no new monitor watched rank 1: {watchers}"
+    _check_training(run.journal(), attempts=2)
