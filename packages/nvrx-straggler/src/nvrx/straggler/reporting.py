@@ -220,27 +220,37 @@ class Report:
         return json.dumps(self.to_dict(), allow_nan=False, **kwargs)
 
     def format_table(self, max_rows: int = 5) -> str:
-        """A compact text table of the worst ranks per score and section."""
+        """A compact text table of the worst ranks per score and section.
+
+        GPU rows show the rank's total kernel time in the window, section rows the
+        section's median time, both in milliseconds.
+        """
         lines: list[str] = []
         node = self.rank_to_node
 
-        def block(title: str, scores: Mapping[int, float], times: Mapping[int, float]) -> None:
+        def block(
+            title: str, scores: Mapping[int, float], times: Mapping[int, float], unit: str
+        ) -> None:
             if not scores:
                 return
             worst = sorted(scores.items(), key=lambda kv: (kv[1], kv[0]))[:max_rows]
             lines.append(f"{title} (worst {len(worst)} of {len(scores)} ranks):")
-            lines.append(f"  {'rank':>6}  {'node':<20} {'score':>6}  {'median ms':>10}")
+            lines.append(f"  {'rank':>6}  {'node':<20} {'score':>6}  {unit:>10}")
             for r, s in worst:
                 t = times.get(r)
                 ts = "-" if t is None else f"{t:.3f}"
                 lines.append(f"  {r:>6}  {node.get(r, '<unknown>'):<20.20} {s:>6.3f}  {ts:>10}")
 
-        block("GPU relative", self.gpu_relative_perf_scores, self.gpu_kernel_times)
-        block("GPU individual", self.gpu_individual_perf_scores, self.gpu_kernel_times)
-        for name, scores in sorted(self.section_relative_perf_scores.items()):
-            block(f"Section {name!r} relative", scores, self.section_median_times.get(name, {}))
-        for name, scores in sorted(self.section_individual_perf_scores.items()):
-            block(f"Section {name!r} individual", scores, self.section_median_times.get(name, {}))
+        kernel_ms = self.gpu_kernel_times
+        block("GPU relative", self.gpu_relative_perf_scores, kernel_ms, "kernel ms")
+        block("GPU individual", self.gpu_individual_perf_scores, kernel_ms, "kernel ms")
+        for kind, by_section in (
+            ("relative", self.section_relative_perf_scores),
+            ("individual", self.section_individual_perf_scores),
+        ):
+            for name, scores in sorted(by_section.items()):
+                times = self.section_median_times.get(name, {})
+                block(f"Section {name!r} {kind}", scores, times, "median ms")
         if self.non_comparable:
             lines.append("Not comparable:")
             groups: dict[tuple[str, str | None, str], list[int]] = {}

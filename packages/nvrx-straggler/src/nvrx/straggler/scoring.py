@@ -64,6 +64,8 @@ def _present(meds: torch.Tensor) -> torch.Tensor:
 def encode_kernel_slots(meds: torch.Tensor) -> torch.Tensor:
     """Encode one rank's kernel medians (NaN: not run) for a MIN all-reduce.
 
+    ``meds`` is ``[K]`` for one rank or ``[R, K]`` for many (simulations).
+
     Slots ``[0, K)``: the median, or +inf when absent, so MIN yields the reference.
     Slots ``[K, 2K)``: 1.0 if the rank ran the kernel or recorded no kernel at all,
     else 0.0, so MIN yields 1.0 exactly for kernels common to all recording ranks.
@@ -71,9 +73,9 @@ def encode_kernel_slots(meds: torch.Tensor) -> torch.Tensor:
     present = _present(meds)
     inf = torch.full_like(meds, float("inf"))
     mins = torch.where(present, meds, inf)
-    recorded_any = bool(present.any())
-    common = (present | (not recorded_any)).to(meds.dtype)
-    return torch.cat([mins, common])
+    recorded_none = ~present.any(dim=-1, keepdim=True)
+    common = (present | recorded_none).to(meds.dtype)
+    return torch.cat([mins, common], dim=-1)
 
 
 def encode_section_slots(meds: torch.Tensor) -> torch.Tensor:

@@ -114,10 +114,6 @@ class SectionHandle:
             if exc_type is None:
                 self._append((_perf() - t0) * 1e-6)
 
-    def rebind(self) -> None:
-        """Point at the section's (possibly replaced) sample buffer."""
-        self._append = self.section.cpu_elapsed_times.append
-
 
 class _KernelSectionHandle(SectionHandle):
     """A handle that also switches kernel timing on for measured entries."""
