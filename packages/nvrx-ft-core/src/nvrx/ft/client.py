@@ -95,6 +95,9 @@ class RankMonitorClient:
     and ``section_timeouts`` (the timeouts in force), ``timeouts_calc``,
     ``is_initialized``, and ``loaded_hb_timeouts``/``loaded_section_timeouts`` (from
     :meth:`load_state_dict`).
+
+    The hot-path methods are meant for the training thread; like NVRx's, they are not
+    synchronised against each other across threads.
     """
 
     CURRENT_TIMEOUTS_STATE_KEY = "current_timeouts"
@@ -203,8 +206,11 @@ class RankMonitorClient:
             out_of_section=cfg.rank_out_of_section_timeout,
         )
         if dump_stream is not None and cfg.stack_dump_signal is not None:
-            faulthandler.register(cfg.stack_dump_signal, file=dump_stream, all_threads=True)
-            self._dump_signal = int(cfg.stack_dump_signal)
+            try:
+                faulthandler.register(cfg.stack_dump_signal, file=dump_stream, all_threads=True)
+                self._dump_signal = int(cfg.stack_dump_signal)
+            except (OSError, RuntimeError, ValueError) as exc:
+                self.logger.warning("no stack dump on termination: %s", exc)
         self.is_initialized = True
         if self.loaded_hb_timeouts is not None or self.loaded_section_timeouts is not None:
             self._apply_loaded()
@@ -376,9 +382,8 @@ class RankMonitorClient:
         try:
             self._request(message)
         except RankMonitorClientError as exc:
-            if not self._monitor_lost:
-                self._monitor_lost = True
-                self.logger.warning("could not send timeouts to the rank monitor: %s", exc)
+            # Training goes on with the timeouts computed here; the monitor keeps its own.
+            self.logger.warning("could not send timeouts to the rank monitor: %s", exc)
 
     def _require_init(self, what: str) -> TimeoutsCalc:
         if not self.is_initialized or self.timeouts_calc is None:
