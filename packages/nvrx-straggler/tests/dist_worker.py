@@ -48,6 +48,18 @@ class CountingDist:
         return sum(self.counts.values())
 
 
+def forbid_cuda() -> None:
+    """Make any CUDA call in this process fail loudly (gloo runs must not make one)."""
+    import torch
+
+    def fail(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("a CUDA call was made on a CPU-only (gloo) run")
+
+    for name in ("synchronize", "current_device", "set_device", "Event", "init"):
+        setattr(torch.cuda, name, fail)
+    torch.Tensor.cuda = fail  # type: ignore[method-assign]
+
+
 def report_json(report: Report | None) -> dict[str, Any] | None:
     return None if report is None else report.to_dict()
 
@@ -162,16 +174,21 @@ def scenario_two_ranks(rank: int, world: int, p: dict[str, Any]) -> dict[str, An
     }
     det.close()
 
-    # 4. the report interval is agreed across ranks with different step times
-    det = StragglerDetector(report_time_interval=0.2, kernel_timer=SyntheticKernelTimer())
-    reported = []
-    intervals = []
-    for it in range(1, 81):
+    # 4. the report interval is agreed across ranks with different step times, and
+    #    re-estimated at the next report once the steps become much slower
+    det = StragglerDetector(report_time_interval=0.1, kernel_timer=SyntheticKernelTimer())
+    reported: list[int] = []
+    intervals: list[int | None] = []
+    for it in range(1, 200):
+        fast = not reported
         with det.detection_section("step", profile_cuda=False):
-            time.sleep(0.004 if rank == 0 else 0.008)
-        if det.generate_report_if_interval_elapsed() is not None or det.is_interval_elapsed():
+            time.sleep((0.002 if rank == 0 else 0.003) if fast else 0.03)
+        det.generate_report_if_interval_elapsed()
+        if det.is_interval_elapsed():
             reported.append(it)
             intervals.append(det.report_interval_tracker.iter_interval)
+            if len(reported) == 3:
+                break
     out["interval"] = {"reported": reported, "intervals": intervals}
     det.close()
     out["pickled_collectives"] = counter.counts["all_gather_object"]
@@ -194,6 +211,7 @@ def main() -> None:
         world_size=int(world),
         timeout=datetime.timedelta(seconds=60),
     )
+    forbid_cuda()
     try:
         result = SCENARIOS[scenario](int(rank), int(world), params)
     finally:
