@@ -44,11 +44,21 @@ def test_from_kwargs_normalises_types() -> None:
     assert cfg.enable_nic_monitor is True
 
 
-def test_from_kwargs_unknown_fields() -> None:
-    cfg = FaultToleranceConfig.from_kwargs(restart_check_interval=60.0)
+def test_from_kwargs_unknown_fields(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING):
+        cfg = FaultToleranceConfig.from_kwargs(restart_check_interval=60.0, exp_dir="/x")
     assert cfg == FaultToleranceConfig()
-    with pytest.raises(ValueError, match="restart_check_interval"):
-        FaultToleranceConfig.from_kwargs(ignore_not_recognized=False, restart_check_interval=1)
+    assert "exp_dir" in caplog.text
+    assert "restart_check_interval" in caplog.text
+    # NVRx-only fields are accepted even when strict; other unknown names are not.
+    FaultToleranceConfig.from_kwargs(ignore_not_recognized=False, restart_check_interval=1)
+    with pytest.raises(ValueError, match="exp_dir"):
+        FaultToleranceConfig.from_kwargs(ignore_not_recognized=False, exp_dir="/x")
+
+
+def test_misspelt_field_is_always_an_error() -> None:
+    with pytest.raises(ValueError, match="did you mean 'rank_heartbeat_timeout'"):
+        FaultToleranceConfig.from_kwargs(rank_heartbeat_timout=3)
 
 
 @pytest.mark.parametrize(
@@ -123,6 +133,24 @@ def test_yaml_finds_nested_section_and_nulls(tmp_path: pathlib.Path) -> None:
     cfg = FaultToleranceConfig.from_yaml_file(path)
     assert cfg.rank_heartbeat_timeout is None
     assert cfg.safety_factor == 2.0
+
+
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [
+        (b"fault_tolerance: {rank_heartbeat_timeout: [1, 2\n", "not a valid YAML file"),
+        (b"fault_tolerance:\n  rank_heartbeat_timeout: \xff\xfe\n", "not a valid YAML file"),
+        (b"fault_tolerance:\n  rank_heartbeat_timout: 3\n", "did you mean"),
+        (b"fault_tolerance:\n  safety_factor: 0.1\n", "safety_factor"),
+        (b"fault_tolerance: [1, 2]\n", "not a mapping"),
+    ],
+)
+def test_bad_yaml_files_name_the_file(tmp_path: pathlib.Path, text: bytes, match: str) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_bytes(text)
+    with pytest.raises(ValueError, match=match) as info:
+        FaultToleranceConfig.from_yaml_file(path)
+    assert str(path) in str(info.value)
 
 
 def test_yaml_without_section_or_file(tmp_path: pathlib.Path) -> None:

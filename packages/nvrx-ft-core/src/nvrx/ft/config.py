@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import logging
 import math
 import os
@@ -228,6 +229,19 @@ _HELP: dict[str, str] = {
     "link_down_path_template": "path of a NIC's link_downed counter, with {nic}",
 }
 
+#: NVRx settings that have no counterpart here; accepted (and ignored) for easy porting.
+_NVRX_ONLY_FIELDS = frozenset(
+    {
+        "restart_check_interval",
+        "skip_section_response",
+        "enable_nic_healthcheck",
+        "link_state_path_template",
+        "num_warmup_iterations",
+        "install_exception_hook",
+    }
+)
+_logger = logging.getLogger("nvrx.ft.config")
+
 #: Fields whose CLI option accepts ``none``/``null``.
 _NULLABLE = frozenset(
     {
@@ -286,33 +300,67 @@ class FaultToleranceConfig:
 
     @classmethod
     def from_kwargs(cls, ignore_not_recognized: bool = True, **kwargs: Any) -> FaultToleranceConfig:
-        """Build from keyword arguments; unknown names are dropped or, if asked, an error."""
-        known = set(cls.field_names())
-        unknown = sorted(set(kwargs) - known)
+        """Build from keyword arguments.
+
+        A name that looks like a misspelt field (``rank_heartbeat_timout``) is always an
+        error. Other unknown names are an error with ``ignore_not_recognized=False`` and
+        are otherwise dropped with a warning, so a shared config section may carry
+        other settings. NVRx fields nvrx does not need (``restart_check_interval``...)
+        are dropped with a warning.
+        """
+        known = cls.field_names()
+        unknown = sorted(set(kwargs) - set(known) - _NVRX_ONLY_FIELDS)
+        for name in unknown:
+            close = difflib.get_close_matches(name, known, n=1, cutoff=0.8)
+            if close:
+                raise ValueError(
+                    f"Not recognized FaultToleranceConfig field {name!r} "
+                    f"(did you mean {close[0]!r}?)"
+                )
         if unknown and not ignore_not_recognized:
             raise ValueError(f"Not recognized FaultToleranceConfig fields: {', '.join(unknown)}")
+        ignored = sorted(set(kwargs) - set(known))
+        if ignored:
+            _logger.warning("ignoring settings that are not nvrx.ft config fields: %s", ignored)
         return cls(**{k: v for k, v in kwargs.items() if k in known})
 
     @classmethod
     def from_yaml_file(
         cls, cfg_path: str | os.PathLike[str], ignore_not_recognized: bool = True
     ) -> FaultToleranceConfig:
-        """Build from the first ``fault_tolerance`` mapping found at any depth of a YAML file."""
+        """Build from the first ``fault_tolerance`` mapping found at any depth of a YAML file.
+
+        A missing file is FileNotFoundError; anything wrong inside it (YAML syntax, no
+        section, a bad value, an unknown field when not ignored) is a ValueError that
+        starts with the file's path.
+        """
         import yaml  # only here: a monitor process never needs it
 
         path = pathlib.Path(cfg_path)
-        with path.open(encoding="utf-8") as stream:
-            document = yaml.safe_load(stream)
+        try:
+            with path.open(encoding="utf-8") as stream:
+                document = yaml.safe_load(stream)
+        except (yaml.YAMLError, UnicodeDecodeError) as exc:
+            raise ValueError(f"{path}: not a valid YAML file: {exc}") from None
         section = _find_ft_section(document)
         if section is None:
             raise ValueError(f"{path}: no 'fault_tolerance' section found")
         if not isinstance(section, Mapping):
             raise ValueError(f"{path}: the 'fault_tolerance' section is not a mapping")
-        return cls.from_kwargs(ignore_not_recognized=ignore_not_recognized, **dict(section))
+        if not all(isinstance(key, str) for key in section):
+            raise ValueError(f"{path}: the 'fault_tolerance' section has non-string keys")
+        try:
+            return cls.from_kwargs(ignore_not_recognized=ignore_not_recognized, **dict(section))
+        except ValueError as exc:
+            raise ValueError(f"{path}: {exc}") from None
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> FaultToleranceConfig:
-        """Build from ``--ft-cfg-path`` (if given) overridden by every given ``ft_<field>``."""
+        """Build from ``--ft-cfg-path`` (if given) overridden by every given ``ft_<field>``.
+
+        A misspelt field in the file is an error; other unknown keys are ignored with a
+        warning (see :meth:`from_kwargs`).
+        """
         values: dict[str, Any] = {}
         cfg_path = getattr(args, "ft_cfg_path", None)
         if cfg_path:
