@@ -54,6 +54,7 @@ class CuptiKernelTimer:
         self._dropped = 0
         self._failed: str | None = None
         self._closed = False
+        self._dropped_query_failed = False
         with _registered_lock:
             if _registered is not None and not _registered._closed:
                 raise RuntimeError("only one CuptiKernelTimer may be open per process")
@@ -109,7 +110,14 @@ class CuptiKernelTimer:
     def _dropped_by_cupti(self) -> int:
         try:
             return int(self._cupti.activity_get_num_dropped_records(0, 0))
-        except Exception:
+        except Exception as e:
+            if not self._dropped_query_failed:  # the count is unknown: say so, once
+                self._dropped_query_failed = True
+                log.warning(
+                    "straggler detection: cannot ask CUPTI for dropped records (%s); "
+                    "dropped kernel records will not be counted",
+                    e,
+                )
             return 0
 
     def collect(self) -> KernelWindow:
