@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import pathlib
+import time
 from typing import TYPE_CHECKING
 
 import pytest
@@ -102,7 +103,7 @@ def test_monitor_terminates_rank_when_nic_goes_down(
     events: Events,
 ) -> None:
     template = _tree(tmp_path / "sys", {"mlx5_0": 0})
-    start_monitor(
+    _, log = start_monitor(
         make_config(
             enable_nic_monitor=True,
             link_down_path_template=template,
@@ -112,6 +113,10 @@ def test_monitor_terminates_rank_when_nic_goes_down(
     rank = start_rank([["init"], ["say", "up"], ["beat_for", 60, 0.05]])
     rank.wait_output("up")
     events.wait("rank_connected")
+    deadline = time.monotonic() + 30
+    while "NIC health check watches mlx5_0" not in log.read_text():  # baseline taken
+        assert time.monotonic() < deadline, log.read_text()
+        time.sleep(0.02)
     (tmp_path / "sys" / "mlx5_0" / "ports" / "1" / "counters" / "link_downed").write_text("1\n")
     ev = events.wait("rank_terminated")
     assert ev.cause == "nic_health"

@@ -127,7 +127,7 @@ class RankMonitorServer:
         self._watched: _Watched | None = None
         self.logger = _make_logger(self, cfg.log_level)
         self._events = EventSender(events_socket, self.logger)
-        self._health = HealthChecks(cfg, local_rank, self.logger)
+        self._health: HealthChecks | None = None  # created at the first check: fast start-up
         self._conns: dict[socket.socket, _Conn] = {}
         self._terminations: list[Terminator] = []
         self._sel = selectors.DefaultSelector()
@@ -210,7 +210,8 @@ class RankMonitorServer:
                     self.socket_path.unlink()
             except FileNotFoundError:
                 pass
-        self._health.close()
+        if self._health is not None:
+            self._health.close()
         self._events.close()
         self._sel.close()
         self.logger.info("stopped")
@@ -285,6 +286,8 @@ class RankMonitorServer:
         return wake_at
 
     def _check_health(self) -> None:
+        if self._health is None:
+            self._health = HealthChecks(self.cfg, self.local_rank, self.logger)
         try:
             self._health.check()
         except HealthError as exc:
