@@ -79,3 +79,18 @@ def test_sigkill_of_the_launcher_takes_its_children_along(start_launcher: Start)
     launcher.proc.send_signal(signal.SIGKILL)
     launcher.wait(30)
     _all_gone(procs)
+
+
+@pytest.mark.timeout(120)
+def test_second_signal_skips_the_term_timeout(start_launcher: Start) -> None:
+    launcher = start_launcher(
+        ["--nproc-per-node", "2", "--term-timeout", "600"],
+        ["--steps", "100000", "--ignore-sigterm"],
+    )
+    procs = _running(launcher, 2)
+    launcher.proc.send_signal(signal.SIGTERM)
+    wait_for(lambda: "closing signal SIGTERM" in launcher.log(), what="SIGTERM forwarded")
+    time.sleep(0.5)
+    launcher.proc.send_signal(signal.SIGINT)
+    assert launcher.wait(60) == exit_code_for_signal(signal.SIGINT), launcher.log()
+    _all_gone(procs, timeout=1.0)

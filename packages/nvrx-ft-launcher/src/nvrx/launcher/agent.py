@@ -132,6 +132,7 @@ class FtAgent(LocalElasticAgent):
         self._state = JobState()
         self._cycle = _Cycle(number=0, started=time.time(), progress=None)
         self._rendezvous_closed = False
+        self._stopping = False
 
     # -- what the launcher asks after the run ------------------------------------
 
@@ -175,13 +176,24 @@ class FtAgent(LocalElasticAgent):
 
     def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
         self._monitors.wait_ready()
+        logger.debug("monitors ready")
         self._cycle = _Cycle(
             number=self._state.cycle,
             started=time.time(),
             progress=read_progress(self._policy.progress_file),
         )
         worker_ids: dict[int, Any] = super()._start_workers(worker_group)
+        logger.debug("workers started: %s", worker_ids)
         return worker_ids
+
+    def _shutdown(self, death_sig: signal.Signals = signal.SIGTERM, timeout: int = 30) -> None:
+        # Re-entered while a stop was under way means a second signal cut it short (or
+        # torch's run() retries after one): escalate to SIGKILL instead of waiting again.
+        if self._stopping:
+            death_sig, timeout = signal.SIGKILL, 5
+        self._stopping = True
+        super()._shutdown(death_sig, timeout)
+        self._stopping = False
 
     def _stop_workers(self, worker_group: WorkerGroup) -> None:
         self._shutdown(signal.SIGTERM, math.ceil(self._policy.workers_stop_timeout))
@@ -455,6 +467,7 @@ class FtAgent(LocalElasticAgent):
         coord = self._coordinator()
         cycle = self._cycle.number
         world = self._worker_group.group_world_size or 1
+        logger.debug("local workers finished")
         coord.arrive(cycle)
         deadline = time.monotonic() + self._policy.exit_barrier_timeout
         logger.info("local workers finished; waiting for %d node(s) in all", world)
@@ -475,6 +488,7 @@ class FtAgent(LocalElasticAgent):
         )
         self._close_rendezvous()
         coord.leave(cycle, world)
+        logger.debug("left the job")
         return result
 
     def _close_rendezvous(self) -> None:

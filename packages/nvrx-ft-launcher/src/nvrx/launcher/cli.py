@@ -14,19 +14,15 @@ import os
 import sys
 import uuid
 from collections.abc import Callable, Sequence
-from typing import Any
-
-from torch.distributed.argparse_util import env
-from torch.distributed.run import (
-    config_from_args,
-    get_args_parser,
-    parse_min_max_nnodes,
-)
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from nvrx.ft import FaultToleranceConfig, add_config_arguments
 
 from .exit_codes import exit_codes_table
-from .launch import LaunchOptions, launch
+from .monitors import MonitorSupervisor
+
+if TYPE_CHECKING:
+    from .launch import LaunchOptions
 
 __all__ = ["get_parser", "main"]
 
@@ -113,6 +109,9 @@ def _add_deprecated_ft_aliases(parser: argparse.ArgumentParser) -> None:
 
 def get_parser() -> argparse.ArgumentParser:
     """The ft_launcher argument parser (also used to generate the CLI reference)."""
+    from torch.distributed.argparse_util import env
+    from torch.distributed.run import get_args_parser
+
     parser = get_args_parser()
     parser.prog = "ft_launcher"
     parser.description = _DESCRIPTION
@@ -195,6 +194,8 @@ def get_parser() -> argparse.ArgumentParser:
 
 def _resolve_rendezvous(args: argparse.Namespace) -> None:
     """torchrun's defaults: --standalone, or one node without an endpoint, needs no setup."""
+    from torch.distributed.run import parse_min_max_nnodes
+
     _, max_nodes = parse_min_max_nnodes(args.nnodes)
     single_default = (
         args.rdzv_backend == "static"
@@ -211,6 +212,10 @@ def _resolve_rendezvous(args: argparse.Namespace) -> None:
 
 
 def _options(args: argparse.Namespace, parser: argparse.ArgumentParser) -> LaunchOptions:
+    from torch.distributed.run import config_from_args, parse_min_max_nnodes
+
+    from .launch import LaunchOptions
+
     try:
         parse_min_max_nnodes(args.nnodes)
     except (ValueError, RuntimeError):
@@ -260,9 +265,80 @@ def _setup_logging() -> None:
     logger.propagate = False
 
 
+class _QuietParser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise ValueError(message)
+
+
+def _early_monitors(argv: Sequence[str]) -> MonitorSupervisor | None:
+    """Start the rank monitors before torch is imported, if the command line allows.
+
+    Importing torch takes the launcher seconds; the monitors (which never import it)
+    come up meanwhile instead of delaying the first workers. This reads only the
+    options the monitors need; the full parse later confirms them, and a mismatch
+    (e.g. a script argument that looked like ours) just starts them again.
+    """
+    pre = _QuietParser(add_help=False, allow_abbrev=False, exit_on_error=False)
+    pre.add_argument(
+        "--nproc-per-node", "--nproc_per_node", default=os.environ.get("PET_NPROC_PER_NODE", "1")
+    )
+    pre.add_argument(
+        "--monitor-ready-timeout",
+        "--monitor_ready_timeout",
+        type=float,
+        default=float(os.environ.get("PET_MONITOR_READY_TIMEOUT", "30")),
+    )
+    add_config_arguments(pre, cfg_path_default=os.environ.get("PET_FT_CFG_PATH"))
+    try:
+        known, _ = pre.parse_known_args(argv)
+        nproc = int(known.nproc_per_node)
+        cfg = FaultToleranceConfig.from_args(known)
+    except (argparse.ArgumentError, ValueError, OSError):
+        return None
+    if nproc < 1:
+        return None
+    monitors = MonitorSupervisor(cfg, nproc, ready_timeout=known.monitor_ready_timeout)
+    try:
+        monitors.start()
+    except BaseException:
+        monitors.close()
+        raise
+    return monitors
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``ft_launcher``; returns the exit code (see :class:`ExitCode`)."""
+    """Entry point of ``ft_launcher``; returns the exit code (see :class:`ExitCode`).
+
+    Run as the command (``argv`` None), it ends the process as soon as every child is
+    gone and the logs are flushed, skipping the interpreter's finalisation: tearing
+    down the imported torch takes longer than a short job (seconds, as in torchrun).
+    """
+    if argv is None:
+        code = _run(sys.argv[1:])
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return _run(list(argv))
+
+
+def _run(argv: list[str]) -> int:
     _setup_logging()
-    parser = get_parser()
-    args = parser.parse_args(argv)
-    return launch(_options(args, parser))
+    wants_help = any(a in ("-h", "--help") for a in argv)
+    monitors = None if wants_help else _early_monitors(argv)
+    logger.debug("early monitors: %s", "started" if monitors is not None else "no")
+    try:
+        parser = get_parser()
+        options = _options(parser.parse_args(argv), parser)
+        if monitors is not None and not monitors.matches(
+            options.ft_config, options.config.nproc_per_node, options.monitor_ready_timeout
+        ):
+            monitors.close()
+            monitors = None
+        from .launch import launch
+
+        handed_over, monitors = monitors, None
+        return launch(options, monitors=handed_over)
+    finally:
+        if monitors is not None:
+            monitors.close()

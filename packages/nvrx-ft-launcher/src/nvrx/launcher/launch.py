@@ -116,8 +116,12 @@ def _spec(
     )
 
 
-def launch(options: LaunchOptions) -> int:
-    """Run this node's share of the job and return the launcher's exit code."""
+def launch(options: LaunchOptions, monitors: MonitorSupervisor | None = None) -> int:
+    """Run this node's share of the job and return the launcher's exit code.
+
+    ``monitors``, if given, were started already (before torch was imported) with
+    the settings in ``options``; they are closed here either way.
+    """
     config = options.config
     os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = config.signals_to_handle
     # Each cycle's rank 0 hosts a fresh store for init_process_group. Sharing the
@@ -142,17 +146,18 @@ def launch(options: LaunchOptions) -> int:
         progress_file=options.progress_file,
         cycle_log=options.cycle_log,
     )
-    monitors: MonitorSupervisor | None = None
     agent: FtAgent | None = None
     code: int = ExitCode.LAUNCHER_ERROR
     try:
-        monitors = MonitorSupervisor(
-            options.ft_config,
-            config.nproc_per_node,
-            ready_timeout=options.monitor_ready_timeout,
-        )
-        monitors.start()
+        if monitors is None:
+            monitors = MonitorSupervisor(
+                options.ft_config,
+                config.nproc_per_node,
+                ready_timeout=options.monitor_ready_timeout,
+            )
+            monitors.start()
         handler = rdzv_registry.get_rendezvous_handler(params)
+        logger.debug("rendezvous handler ready")
         agent = FtAgent(
             _spec(options, handler, params, monitors),
             config.logs_specs,  # type: ignore[arg-type]
@@ -183,4 +188,5 @@ def launch(options: LaunchOptions) -> int:
             agent.kill_leftover_workers()
         if monitors is not None:
             monitors.close()
+        logger.debug("cleaned up")
     return int(code)

@@ -55,6 +55,16 @@ class MonitorSupervisor:
         self._procs: dict[int, MonitorProcess] = {}
         self._ready: set[int] = set()
 
+    def matches(
+        self, cfg: FaultToleranceConfig, local_world_size: int, ready_timeout: float
+    ) -> bool:
+        """True when these monitors were started with exactly these settings."""
+        return (
+            cfg == self._cfg
+            and local_world_size == self._local_world_size
+            and ready_timeout == self._ready_timeout
+        )
+
     @property
     def runtime_dir(self) -> pathlib.Path:
         """The private 0700 directory holding every socket of this launcher."""

@@ -1,0 +1,270 @@
+"""ft_launcher: recovery latency after a crash and a hang, and overhead against torchrun.
+
+- ``recovery_sigkill``: a 2-rank gloo job on one node; a rank is SIGKILLed and we time
+  from the kill to the first training step after the restart, split into detect, stop,
+  rendezvous, spawn (from the launcher's --ft-cycle-log) and first step (from the
+  training script's own log: Python start, import torch, process group, one step).
+- ``bare_start``: the floor under any restart: two fresh Pythons importing torch and
+  creating a gloo process group, up to their first all-reduce. ``launcher_added_s`` is
+  recovery minus this floor.
+- ``recovery_hang_beyond_timeout``: a rank is SIGSTOPped; time from the moment its
+  heartbeat timeout elapsed to the first training step after the restart.
+- ``overhead_vs_torchrun``: wall time of ``ft_launcher --standalone --nproc-per-node 2``
+  over ``torchrun`` on the same script that exits at once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+from _common import Metric
+
+__all__ = ["run"]
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+TRAIN = ROOT / "packages" / "nvrx-ft-launcher" / "tests" / "train_script.py"
+AREA = "launcher"
+HEARTBEAT_TIMEOUT = 2.0
+
+_BARE = """
+import sys, time, torch, torch.distributed as dist
+dist.init_process_group("gloo", init_method=sys.argv[1], rank=int(sys.argv[2]), world_size=2)
+t = torch.ones(1)
+dist.all_reduce(t)
+print(time.time(), flush=True)
+dist.destroy_process_group()
+"""
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    env.pop("NVRX_FT_MONITOR_SOCKET", None)
+    return env
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _events(out: pathlib.Path) -> list[dict[str, Any]]:
+    path = out / "events.jsonl"
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            continue
+    return rows
+
+
+def _wait(cond: Any, timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = cond()
+        if value:
+            return value
+        time.sleep(0.01)
+    raise RuntimeError(f"benchmark timed out waiting for {what}")
+
+
+def _kill_tree(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _first_step(out: pathlib.Path, cycle: int) -> float | None:
+    steps = [e["t"] for e in _events(out) if e["event"] == "step" and e["cycle"] == cycle]
+    return max(steps) if len(steps) >= 2 else None
+
+
+def _restart_job(
+    workdir: pathlib.Path, fault: str, restarts: int
+) -> tuple[list[dict[str, float]], str]:
+    """Run one launcher; inject ``fault`` into rank 1 ``restarts`` times; time each."""
+    out = workdir / "out"
+    out.mkdir()
+    cycles = workdir / "cycles.jsonl"
+    log = (workdir / "launcher.log").open("wb")
+    cmd = [
+        sys.executable, "-m", "nvrx.launcher", "--standalone", "--nproc-per-node", "2",
+        "--max-restarts", str(restarts), "--workers-stop-timeout", "5",
+        "--ft-rank-heartbeat-timeout", str(HEARTBEAT_TIMEOUT),
+        "--ft-initial-rank-heartbeat-timeout", "120",
+        "--ft-rank-termination-grace-period", "2", "--ft-cycle-log", str(cycles),
+        str(TRAIN), "--out", str(out), "--steps", "1000000", "--step-time", "0.02",
+    ]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=_env())
+    samples: list[dict[str, float]] = []
+    try:
+        for cycle in range(restarts):
+            _wait(lambda c=cycle: _first_step(out, c), 120, f"training in cycle {cycle}")
+            time.sleep(0.3)  # a few steps, so the heartbeat timeout is armed
+            pid = next(
+                e["pid"]
+                for e in _events(out)
+                if e["event"] == "start" and e["cycle"] == cycle and e["rank"] == 1
+            )
+            fault_time = time.time()
+            os.kill(pid, signal.SIGKILL if fault == "sigkill" else signal.SIGSTOP)
+            first = _wait(lambda c=cycle: _first_step(out, c + 1), 120, "the restarted job")
+            record = next(
+                r
+                for r in map(json.loads, cycles.read_text().splitlines())
+                if r["cycle"] == cycle and r["action"] == "restart"
+            )
+            last_beat = max(
+                e["t"]
+                for e in _events(out)
+                if e["event"] == "step"
+                and e["cycle"] == cycle
+                and e["rank"] == 1
+                and e["t"] < fault_time
+            )
+            samples.append(
+                {
+                    "fault": fault_time,
+                    "last_heartbeat": last_beat,
+                    "noticed": record["failure_noticed"],
+                    "stopped": record["workers_stopped"],
+                    "rendezvous": record["rendezvous_done"],
+                    "started": record["workers_started"],
+                    "first_step": first,
+                }
+            )
+    finally:
+        _kill_tree(proc)
+        log.close()
+    return samples, (workdir / "launcher.log").read_text(errors="replace")
+
+
+def _breakdown(samples: list[dict[str, float]], origin: str) -> dict[str, float]:
+    def med(a: str, b: str) -> float:
+        return statistics.median(s[b] - s[a] for s in samples)
+
+    return {
+        "detect_s": med(origin, "noticed"),
+        "stop_s": med("noticed", "stopped"),
+        "rendezvous_s": med("stopped", "rendezvous"),
+        "spawn_s": med("rendezvous", "started"),
+        "first_step_s": med("started", "first_step"),
+    }
+
+
+def _bare_start() -> float:
+    """Seconds for 2 fresh Pythons to import torch, form a gloo group and all-reduce."""
+    init = f"tcp://127.0.0.1:{_free_port()}"
+    start = time.time()
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _BARE, init, str(rank)],
+            stdout=subprocess.PIPE,
+            env=_env(),
+        )
+        for rank in range(2)
+    ]
+    done = []
+    for proc in procs:
+        stdout, _ = proc.communicate(timeout=120)
+        done.append(float(stdout.split()[0]))
+    return max(done) - start
+
+
+def _wall(cmd: list[str], cwd: pathlib.Path) -> float:
+    start = time.perf_counter()
+    subprocess.run(
+        cmd, cwd=cwd, env=_env(), check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    return time.perf_counter() - start
+
+
+def _overhead(samples: int, workdir: pathlib.Path) -> tuple[float, float]:
+    script = workdir / "exit_at_once.py"
+    script.write_text("pass\n")
+    common = ["--standalone", "--nproc-per-node", "2", str(script)]
+    ours, theirs = [], []
+    _wall([sys.executable, "-m", "nvrx.launcher", *common], workdir)  # warm the page cache
+    for _ in range(samples):
+        theirs.append(_wall([sys.executable, "-m", "torch.distributed.run", *common], workdir))
+        ours.append(_wall([sys.executable, "-m", "nvrx.launcher", *common], workdir))
+    return statistics.median(ours), statistics.median(theirs)
+
+
+def run(quick: bool) -> list[Metric]:
+    """Measure recovery after SIGKILL and SIGSTOP, the bare start floor, and overhead."""
+    restarts = 2 if quick else 5
+    hangs = 1 if quick else 3
+    overhead_samples = 3 if quick else 7
+    metrics: list[Metric] = []
+    with tempfile.TemporaryDirectory(prefix="bench-launcher-") as tmp:
+        work = pathlib.Path(tmp)
+        (work / "kill").mkdir()
+        kills, _ = _restart_job(work / "kill", "sigkill", restarts)
+        bare = [_bare_start() for _ in range(3 if quick else 5)]
+        bare_s = statistics.median(bare)
+        recovery = statistics.median(s["first_step"] - s["fault"] for s in kills)
+        detail: dict[str, object] = dict(_breakdown(kills, "fault"))
+        detail["bare_start_s"] = bare_s
+        detail["launcher_added_s"] = recovery - bare_s
+        metrics.append(Metric(AREA, "recovery_sigkill", recovery, "s", len(kills), 2.0, detail))
+        metrics.append(
+            Metric(
+                AREA,
+                "bare_start_floor",
+                bare_s,
+                "s",
+                len(bare),
+                None,
+                {"what": "2 Pythons: import torch + gloo process group + 1 all-reduce"},
+            )
+        )
+
+        (work / "hang").mkdir()
+        stops, _ = _restart_job(work / "hang", "sigstop", hangs)
+        for s in stops:
+            s["timeout_elapsed"] = s["last_heartbeat"] + HEARTBEAT_TIMEOUT
+        beyond = statistics.median(s["first_step"] - s["timeout_elapsed"] for s in stops)
+        hang_detail: dict[str, object] = dict(_breakdown(stops, "timeout_elapsed"))
+        hang_detail["heartbeat_timeout_s"] = HEARTBEAT_TIMEOUT
+        hang_detail["launcher_added_s"] = beyond - bare_s
+        metrics.append(
+            Metric(AREA, "recovery_hang_beyond_timeout", beyond, "s", len(stops), 2.5, hang_detail)
+        )
+
+        ours, theirs = _overhead(overhead_samples, work)
+        metrics.append(
+            Metric(
+                AREA,
+                "overhead_vs_torchrun",
+                ours / theirs,
+                "x",
+                overhead_samples,
+                1.15,
+                {"ft_launcher_s": ours, "torchrun_s": theirs},
+            )
+        )
+    for m in metrics:
+        extra = ", ".join(
+            f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in m.detail.items()
+        )
+        print(f"  {m.name}: {m.value:.3f} {m.unit} ({extra})", flush=True)
+    return metrics
