@@ -36,8 +36,12 @@ class Activity:
 class FakeCupti:
     ActivityKind = ActivityKind
 
-    def __init__(self, *, busy: bool = False, enable_fails: bool = False) -> None:
+    def __init__(
+        self, *, busy: bool = False, enable_fails: bool = False, subscribed: bool = False
+    ) -> None:
         self.busy = busy
+        self.subscribed = subscribed
+        self.unsubscribed = 0
         self.enable_fails = enable_fails
         self.enabled = False
         self.toggles = 0
@@ -45,6 +49,15 @@ class FakeCupti:
         self.dropped = 0
         self.completed: Any = None
         self.finalized = False
+
+    def subscribe(self, callback: Any, userdata: Any) -> int:
+        if self.subscribed:
+            raise RuntimeError("CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED")
+        return 42
+
+    def unsubscribe(self, handle: int) -> None:
+        assert handle == 42
+        self.unsubscribed += 1
 
     def activity_register_callbacks(self, requested: Any, completed: Any) -> None:
         if self.busy:
@@ -167,7 +180,34 @@ def test_only_one_cupti_timer_per_process() -> None:
     second = make_kernel_timer(cupti_module=FakeCupti())
     assert isinstance(first, CuptiKernelTimer)
     assert not second.status.available
+    assert "another StragglerDetector" in (second.status.reason or "")
     first.close()
     third = make_kernel_timer(cupti_module=FakeCupti())
     assert isinstance(third, CuptiKernelTimer)
     third.close()
+
+
+def test_a_subscribed_profiler_is_detected_before_registering() -> None:
+    fake = FakeCupti(subscribed=True)
+    timer = make_kernel_timer(cupti_module=fake)
+    assert not timer.status.available
+    assert "another CUPTI subscriber" in (timer.status.reason or "")
+    assert fake.completed is None  # our callbacks were never registered
+    free = FakeCupti()
+    timer = make_kernel_timer(cupti_module=free)
+    assert timer.status.available
+    assert free.unsubscribed == 1  # the probe cleaned up after itself
+    timer.close()
+
+
+def test_sections_without_kernel_records_explain_why() -> None:
+    det = StragglerDetector(kernel_timer=make_kernel_timer(cupti_module=FakeCupti()))
+    with det.detection_section("fwd"):
+        pass  # enabled, but nothing launched (or someone else took the buffers)
+    report = det.generate_report()
+    assert report is not None
+    assert report.kernel_timing is not None
+    assert "delivered no kernel records" in (report.kernel_timing.reason or "")
+    reasons = [n.reason for n in report.non_comparable if n.score == "gpu_relative"]
+    assert "delivered no kernel records" in reasons[0]
+    det.close()

@@ -28,7 +28,7 @@ from nvrx.straggler.kernels import (
     NullKernelTimer,
 )
 
-__all__ = ["BUFFER_SIZE", "CuptiKernelTimer", "make_kernel_timer"]
+__all__ = ["BUFFER_SIZE", "CuptiInUse", "CuptiKernelTimer", "make_kernel_timer"]
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +37,29 @@ BUFFER_SIZE = 8 * 1024 * 1024
 
 _registered_lock = threading.Lock()
 _registered: CuptiKernelTimer | None = None
+
+
+class CuptiInUse(RuntimeError):
+    """CUPTI is held by another subscriber; kernel timing cannot start."""
+
+
+def _other_subscriber(cupti: Any) -> str | None:
+    """Ask CUPTI whether another tool subscribed (single-subscriber CUPTI refuses us)."""
+    subscribe = getattr(cupti, "subscribe", None)
+    unsubscribe = getattr(cupti, "unsubscribe", None)
+    if subscribe is None or unsubscribe is None:
+        return None
+    try:
+        handle = subscribe(lambda *args: None, 0)
+    except Exception as e:
+        if "MULTIPLE_SUBSCRIBERS" in str(e).upper():
+            return f"another CUPTI subscriber (torch.profiler, Nsight) holds CUPTI ({e})"
+        return None  # unknown binding shape: do not guess
+    try:
+        unsubscribe(handle)
+    except Exception as e:
+        log.debug("straggler detection: CUPTI unsubscribe after probe: %s", e)
+    return None
 
 
 class CuptiKernelTimer:
@@ -55,9 +78,15 @@ class CuptiKernelTimer:
         self._failed: str | None = None
         self._closed = False
         self._dropped_query_failed = False
+        self._windows_enabled = 0
         with _registered_lock:
             if _registered is not None and not _registered._closed:
-                raise RuntimeError("only one CuptiKernelTimer may be open per process")
+                raise CuptiInUse(
+                    "another StragglerDetector in this process already times kernels with CUPTI"
+                )
+            other = _other_subscriber(cupti_module)
+            if other is not None:
+                raise CuptiInUse(other)
             cupti_module.activity_register_callbacks(self._buffer_requested, self._buffer_completed)
             _registered = self
 
@@ -82,6 +111,7 @@ class CuptiKernelTimer:
         """Enable kernel activity at the outermost profiled section entry."""
         with self._lock:
             self._active += 1
+            self._windows_enabled += 1
             if self._active == 1 and self._failed is None and not self._closed:
                 try:
                     self._cupti.activity_enable(self._kind)
@@ -132,13 +162,21 @@ class CuptiKernelTimer:
             log.warning("straggler detection: CUPTI dropped %d kernel records", lost)
         durations, counts, skipped = self._agg.take()
         status = self.status
+        reason = status.reason
+        if reason is None and self._windows_enabled and not durations:
+            reason = (
+                "CUPTI was enabled in profiled sections but delivered no kernel records; "
+                "the sections launched no kernels, or another CUPTI user (torch.profiler, "
+                "Nsight) took over the activity buffers"
+            )
         status = KernelTimingStatus(
             backend=status.backend,
             available=status.available,
-            reason=status.reason,
+            reason=reason,
             dropped_records=self._dropped + lost + skipped,
         )
         self._dropped = 0
+        self._windows_enabled = 0
         return KernelWindow(durations_us=durations, counts=counts, status=status)
 
     def close(self) -> None:
@@ -185,6 +223,10 @@ def make_kernel_timer(
         cupti = bindings
     try:
         return CuptiKernelTimer(cupti, max_samples_per_kernel)
+    except CuptiInUse as e:
+        reason = f"{e}. GPU kernel scores are off; section timing continues"
+        log.warning("straggler detection: %s", reason)
+        return NullKernelTimer(reason, backend="cupti")
     except Exception as e:
         reason = (
             f"CUPTI callbacks could not be registered ({e}); another CUPTI subscriber "

@@ -534,7 +534,7 @@ class ReportGenerator:
         entered = ~torch.isnan(per_sec[:, :, 4]).all(dim=0)
         unavailable = (
             f"; kernel timing: {kernel_status.reason}"
-            if kernel_status is not None and not kernel_status.available and kernel_status.reason
+            if kernel_status is not None and kernel_status.reason
             else ""
         )
         gpu_rel: dict[int, float] = {}
