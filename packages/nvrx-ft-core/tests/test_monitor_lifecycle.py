@@ -134,7 +134,7 @@ def test_monitor_exits_when_its_parent_dies(
 def test_monitor_serves_successive_ranks(
     make_config: MakeConfig, start_monitor: MonitorFactory, start_rank: RankFactory, events: Events
 ) -> None:
-    start_monitor(make_config(rank_heartbeat_timeout=0.5))
+    start_monitor(make_config(rank_heartbeat_timeout=2.0))
     first = start_rank([["init"], ["hb"], ["exit", 3]])
     assert first.wait_exit() == 3
     assert events.wait("rank_disconnected").pid == first.pid
