@@ -196,3 +196,82 @@ def results(out: str) -> dict[int, dict[str, object]]:
             record = json.loads(line[len("RESULT ") :])
             found[int(record["rank"])] = record
     return found
+
+
+def run_ft_launcher(
+    procs: Procs,
+    cfg: dict[str, object],
+    launcher_args: list[str],
+    env: dict[str, str] | None = None,
+    nproc: int = 2,
+    timeout: float = 240.0,
+) -> tuple[int, str]:
+    """Run ptl_train.py as ``nproc`` DDP ranks (gloo) under ft_launcher."""
+    import json
+
+    args = [
+        "-m",
+        "nvrx.launcher",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        "--monitor-interval=0.2",
+        *launcher_args,
+        str(TRAIN_SCRIPT),
+        json.dumps(cfg),
+    ]
+    proc = procs.python(args, env={"OMP_NUM_THREADS": "1", **(env or {})})
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        raise AssertionError(f"ft_launcher did not finish in {timeout} s:\n{out}") from None
+    return proc.returncode, out
+
+
+def tiny_fit(
+    root: Path,
+    callbacks: list[object],
+    max_steps: int = 4,
+    ckpt_path: str | None = None,
+    logger: object = False,
+    ckpt_dir: Path | None = None,
+) -> object:
+    """Fit a tiny model in this process (Lightning is imported already: fast)."""
+    import lightning.pytorch as pl
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    class Tiny(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(2, 1)
+
+        def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
+            loss: torch.Tensor = self.layer(batch[0]).pow(2).mean()
+            return loss
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    if ckpt_dir is not None:
+        callbacks = [
+            *callbacks,
+            ModelCheckpoint(dirpath=ckpt_dir, save_last=True, every_n_train_steps=2),
+        ]
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_steps=max_steps,
+        callbacks=callbacks,  # type: ignore[arg-type]
+        default_root_dir=root,
+        logger=logger,  # type: ignore[arg-type]
+        enable_checkpointing=ckpt_dir is not None,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    data = DataLoader(TensorDataset(torch.randn(32, 2)), batch_size=4)
+    trainer.fit(Tiny(), train_dataloaders=data, ckpt_path=ckpt_path)
+    return trainer

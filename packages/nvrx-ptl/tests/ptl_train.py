@@ -31,10 +31,17 @@ from nvrx.ptl import (
 CFG: dict[str, Any] = json.loads(sys.argv[1])
 RANK = int(os.environ.get("RANK", "0"))
 WORLD = int(os.environ.get("WORLD_SIZE", "1"))
+ATTEMPT = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+
+
+def emit(kind: str, record: dict[str, Any]) -> None:
+    """One line in one write(2), so lines of several ranks sharing a pipe never mix."""
+    sys.stdout.flush()
+    os.write(1, f"{kind} {json.dumps(record)}\n".encode())
 
 
 def probe(what: str, **data: Any) -> None:
-    print("PROBE " + json.dumps({"what": what, "rank": RANK, **data}), flush=True)
+    emit("PROBE", {"what": what, "rank": RANK, **data})
 
 
 def open_sections(trainer: pl.Trainer) -> list[str] | None:
@@ -51,7 +58,8 @@ class TinyModel(pl.LightningModule):
         self.layer = torch.nn.Linear(4, 1)
 
     def setup(self, stage: str) -> None:
-        probe("model_setup", open=open_sections(self.trainer))
+        probe("model_setup", open=open_sections(self.trainer), attempt=ATTEMPT)
+        time.sleep(CFG.get("setup_sleep", 0.0))  # a realistic gap before the first heartbeat
 
     def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
         step = self.trainer.global_step
@@ -120,7 +128,10 @@ def main() -> None:
     ft_args = {
         "autoresume": CFG.get("autoresume", False),
         "calculate_timeouts": CFG.get("calculate_timeouts", True),
-        "simulated_fault_params": CFG.get("simulated_fault"),
+        # the fault hits one attempt only, so the restarted job can finish
+        "simulated_fault_params": CFG.get("simulated_fault")
+        if CFG.get("fault_attempt", 0) == ATTEMPT
+        else None,
         "exp_dir": CFG.get("exp_dir"),
     }
     if "ft" in kinds:
@@ -159,7 +170,8 @@ def main() -> None:
         val_dataloaders=DataLoader(data, batch_size=4),
         ckpt_path=str(last) if last.exists() else None,
     )
-    print("RESULT " + json.dumps({"rank": RANK, "global_step": trainer.global_step}), flush=True)
+    result = {"rank": RANK, "global_step": trainer.global_step, "attempt": ATTEMPT}
+    emit("RESULT", result)
 
 
 if __name__ == "__main__":

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import json
+import logging
 import re
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from nvrx.ptl import FaultToleranceCallback
 from nvrx.ptl.ft_state import FT_STATE_FILENAME
 
-from .conftest import Monitor, Procs, probes, run_training
+from .conftest import Monitor, Procs, run_training, tiny_fit
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 
@@ -41,73 +43,129 @@ def _state(tmp_path: Path) -> dict[str, object] | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
-@pytest.mark.timeout(400)
-def test_timeouts_calculated_by_second_job_loaded_by_third_and_flag_at_end(
-    tmp_path: Path, procs: Procs, make_monitor: Callable[..., Monitor]
+@pytest.mark.timeout(120)
+def test_single_process_calculates_and_saves_timeouts_in_the_second_job(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, make_monitor: Callable[..., Monitor]
 ) -> None:
+    """No torch.distributed at all: FT still works, and rank 0 (the only one) writes."""
     monitor = make_monitor(**ROBUST_TIMEOUTS)
     flag = tmp_path / "finished.flag"
-    env = {**monitor.env, "FAULT_TOL_FINISHED_FLAG_FILE": str(flag)}
-    cfg = _cfg(tmp_path, autoresume=True, stop_after_steps=4)
+    monkeypatch.setenv("NVRX_FT_MONITOR_SOCKET", str(monitor.socket_path))
+    monkeypatch.setenv("FAULT_TOL_FINISHED_FLAG_FILE", str(flag))
+    exp_dir, ckpt_dir = tmp_path / "ft", tmp_path / "ckpt"
 
-    rc, out = run_training(procs, cfg, env)
-    assert rc == 0, out
-    assert json.loads(out.split("RESULT ")[1].splitlines()[0])["global_step"] == 4
-    assert not flag.exists(), "training is not complete after the first job"
-    assert (_state(tmp_path) or {}).get("current_timeouts", {}) == {}, out
-    assert "FT timeouts not updated in this job" in out
+    def job(max_steps: int, resume: bool) -> FaultToleranceCallback:
+        callback = FaultToleranceCallback(autoresume=True, calculate_timeouts=True, exp_dir=exp_dir)
+        ckpt = str(ckpt_dir / "last.ckpt") if resume else None
+        tiny_fit(tmp_path, [callback], max_steps=max_steps, ckpt_path=ckpt, ckpt_dir=ckpt_dir)
+        return callback
 
-    rc, out = run_training(procs, cfg, env)
-    assert rc == 0, out
-    assert not flag.exists()
+    first = job(max_steps=4, resume=False)
+    assert first.state_machine.num_tr_iters_total == 4
+    assert not first.state_machine.timeouts_updated, "no checkpoint was loaded"
+    assert (_state(tmp_path) or {}).get("current_timeouts", {}) == {}
+    flag.unlink()  # max_steps=4 completed "that" training; the next one goes on to 8
+
+    second = job(max_steps=8, resume=True)
+    assert second.state_machine.loaded_checkpoint
+    assert second.state_machine.timeouts_updated
     state = _state(tmp_path)
-    assert state is not None, out
+    assert state is not None
     hb = state["current_timeouts"]["heartbeat"]  # type: ignore[index]
     assert hb["were_calculated"] is True
     assert 0 < hb["subsequent"] < ROBUST_TIMEOUTS["rank_heartbeat_timeout"]
-    assert "Updated FT timeouts" in out
-
-    rc, out = run_training(procs, cfg, env)
-    assert rc == 0, out
-    assert "Fault tolerance timeouts loaded" in out
-    seen = probes(out, "hb_timeouts")[0]["timeouts"]
-    assert f"subsequent={hb['subsequent']:.2f}" in str(seen)
-    assert "were_calculated=True" in str(seen)
     assert flag.exists(), "the finished flag must appear when max_steps is reached"
-    assert json.loads(out.split("RESULT ")[1].splitlines()[0])["global_step"] == 12
     assert not [e for e in monitor.events_seen() if e["event"] == "rank_terminated"]
 
 
-@pytest.mark.timeout(200)
-def test_without_a_monitor_setup_fails_clearly(tmp_path: Path, procs: Procs) -> None:
-    rc, out = run_training(procs, _cfg(tmp_path), {"NVRX_FT_MONITOR_SOCKET": ""})
-    assert rc != 0
-    assert "NVRX_FT_MONITOR_SOCKET is not set" in out
-    assert "ft_launcher" in out
+@pytest.mark.timeout(120)
+def test_without_a_monitor_setup_fails_clearly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("NVRX_FT_MONITOR_SOCKET", raising=False)
+    callback = FaultToleranceCallback(autoresume=False, calculate_timeouts=True)
+    with pytest.raises(RuntimeError, match=r"NVRX_FT_MONITOR_SOCKET is not set.*ft_launcher"):
+        tiny_fit(tmp_path, [callback])
+    assert not callback.is_initialized
 
 
-@pytest.mark.timeout(200)
+@pytest.mark.timeout(120)
 def test_autoresume_needs_the_flag_variable(
-    tmp_path: Path, procs: Procs, make_monitor: Callable[..., Monitor]
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, make_monitor: Callable[..., Monitor]
 ) -> None:
     monitor = make_monitor(**ROBUST_TIMEOUTS)
-    env = {**monitor.env, "FAULT_TOL_FINISHED_FLAG_FILE": ""}
-    rc, out = run_training(procs, _cfg(tmp_path, autoresume=True), env)
-    assert rc != 0
-    assert "FAULT_TOL_FINISHED_FLAG_FILE" in out
+    monkeypatch.setenv("NVRX_FT_MONITOR_SOCKET", str(monitor.socket_path))
+    monkeypatch.delenv("FAULT_TOL_FINISHED_FLAG_FILE", raising=False)
+    callback = FaultToleranceCallback(autoresume=True, calculate_timeouts=True)
+    with pytest.raises(RuntimeError, match="FAULT_TOL_FINISHED_FLAG_FILE"):
+        tiny_fit(tmp_path, [callback])
 
 
-@pytest.mark.timeout(200)
-def test_corrupt_state_file_falls_back_to_config(
-    tmp_path: Path, procs: Procs, make_monitor: Callable[..., Monitor]
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    ("content", "expected_log", "expected_timeouts"),
+    [
+        (
+            '{"current_timeouts": {"heartbeat": {"ini',
+            r"Ignoring the FT state file .*not valid JSON",
+            "initial=300.00, subsequent=300.00, were_calculated=False",
+        ),
+        (
+            '{"current_timeouts": {"heartbeat": {"initial": -1, "subsequent": 2}}}',
+            r"Ignoring the FT state file .*bad timeout -1",
+            "initial=300.00, subsequent=300.00, were_calculated=False",
+        ),
+        (
+            json.dumps(
+                {
+                    "current_timeouts": {
+                        "heartbeat": {"initial": 77.5, "subsequent": 12.25, "were_calculated": True}
+                    }
+                }
+            ),
+            r"Fault tolerance timeouts loaded from",
+            "initial=77.50, subsequent=12.25, were_calculated=True",
+        ),
+    ],
+)
+def test_state_file_is_loaded_or_ignored_clearly(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    make_monitor: Callable[..., Monitor],
+    content: str,
+    expected_log: str,
+    expected_timeouts: str,
 ) -> None:
     monitor = make_monitor(**ROBUST_TIMEOUTS)
-    (tmp_path / "ft").mkdir()
-    (tmp_path / "ft" / FT_STATE_FILENAME).write_text('{"current_timeouts": {"heartbeat": {"ini')
-    rc, out = run_training(procs, _cfg(tmp_path, max_steps=3), monitor.env)
-    assert rc == 0, out
-    assert re.search(r"Ignoring the FT state file .*not valid JSON", out), out
-    assert "initial=300.00" in probes(out, "hb_timeouts")[0]["timeouts"]  # type: ignore[operator]
+    monkeypatch.setenv("NVRX_FT_MONITOR_SOCKET", str(monitor.socket_path))
+    exp_dir = tmp_path / "ft"
+    exp_dir.mkdir()
+    (exp_dir / FT_STATE_FILENAME).write_text(content)
+    callback = FaultToleranceCallback(
+        autoresume=False, calculate_timeouts=True, exp_dir=exp_dir, logger_name="test.ft"
+    )
+    seen: list[object] = []
+    callback.on_train_start = lambda *a: seen.append(  # type: ignore[method-assign]
+        callback.fault_tol_client.hb_timeouts  # type: ignore[union-attr]
+    )
+    with caplog.at_level(logging.INFO, logger="test.ft"):
+        tiny_fit(tmp_path, [callback], max_steps=3)
+    assert re.search(expected_log, caplog.text), caplog.text
+    assert expected_timeouts in str(seen[0])
+    assert not callback.is_initialized, "FT shuts down at the end of fit"
+
+
+@pytest.mark.timeout(120)
+def test_bad_constructor_arguments() -> None:
+    with pytest.raises(ValueError, match="autoresume"):
+        FaultToleranceCallback(autoresume="yes", calculate_timeouts=True)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="fault_type"):
+        FaultToleranceCallback(
+            autoresume=False,
+            calculate_timeouts=False,
+            simulated_fault_params={"fault_type": "boom", "base_delay": 1},
+        )
 
 
 @pytest.mark.timeout(200)

@@ -1,18 +1,22 @@
-"""FaultToleranceSectionsCallback in single-process Lightning runs against a real monitor."""
+"""FaultToleranceSectionsCallback in single-process Lightning fits against a real monitor."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import lightning.pytorch as pl
 import pytest
 
+from nvrx.ft import WorkloadAction, WorkloadControlRequest
+from nvrx.ptl import FaultToleranceSectionsCallback
 from nvrx.ptl.ft_state import FT_STATE_FILENAME
 
-from .conftest import Monitor, Procs, probes, run_training
+from .conftest import Monitor, tiny_fit
 
-pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
+pytestmark = [pytest.mark.multiprocess]
 
 SECTION_CFG = {
     "initial_rank_heartbeat_timeout": None,
@@ -23,87 +27,133 @@ SECTION_CFG = {
 }
 
 
-def _cfg(tmp_path: Path, **extra: object) -> dict[str, object]:
-    cfg: dict[str, object] = {
-        "callbacks": ["sections"],
-        "ckpt_dir": str(tmp_path / "ckpt"),
-        "log_dir": str(tmp_path / "logs"),
-        "exp_dir": str(tmp_path / "ft"),
-        "max_steps": 40,
-        "ckpt_every": 5,
-        "val_every": 10,
-        "step_sleep": 0.01,
-    }
-    cfg.update(extra)
-    return cfg
+class SectionProbe(pl.Callback):
+    """Records which FT sections are open at hooks that run inside and outside them."""
+
+    def __init__(self, raise_in_backward_at: int | None = None) -> None:
+        self.seen: dict[str, set[tuple[str, ...]]] = {}
+        self.raise_in_backward_at = raise_in_backward_at
+        self.ft: FaultToleranceSectionsCallback | None = None
+
+    def _record(self, trainer: pl.Trainer, hook: str) -> None:
+        if self.ft is None:
+            callbacks: list[pl.Callback] = trainer.callbacks  # type: ignore[attr-defined]
+            self.ft = next(c for c in callbacks if isinstance(c, FaultToleranceSectionsCallback))
+        client = self.ft.fault_tol_client
+        calc = client.timeouts_calc if client is not None else None
+        opened = tuple(sorted(calc.open_sections)) if calc is not None else ("<no client>",)
+        self.seen.setdefault(hook, set()).add(opened)
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._record(trainer, "setup")  # runs after the FT callback's setup
+
+    def on_before_backward(self, trainer: pl.Trainer, *args: Any) -> None:
+        self._record(trainer, "backward")
+        if trainer.global_step == self.raise_in_backward_at:
+            raise RuntimeError(f"injected failure at step {trainer.global_step}")
+
+    def on_before_optimizer_step(self, trainer: pl.Trainer, *args: Any) -> None:
+        self._record(trainer, "optimizer_step")
+
+    def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
+        self._record(trainer, "batch_end")
+
+    def on_save_checkpoint(self, trainer: pl.Trainer, *args: Any) -> None:
+        self._record(trainer, "save_checkpoint")
+
+    def on_exception(self, trainer: pl.Trainer, *args: Any) -> None:
+        self._record(trainer, "exception")  # runs before the FT callback's on_exception
 
 
-def _section_state(tmp_path: Path) -> dict[str, object]:
-    state = json.loads((tmp_path / "ft" / FT_STATE_FILENAME).read_text())
+def _section_state(exp_dir: Path) -> dict[str, Any]:
+    state = json.loads((exp_dir / FT_STATE_FILENAME).read_text())
     return state["current_timeouts"]["section"]  # type: ignore[no-any-return]
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(120)
 def test_sections_and_their_timeouts_over_two_jobs(
-    tmp_path: Path, procs: Procs, make_monitor: Callable[..., Monitor]
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, make_monitor: Callable[..., Monitor]
 ) -> None:
     monitor = make_monitor(**SECTION_CFG)
-    cfg = _cfg(tmp_path, stop_after_steps=20)
+    monkeypatch.setenv("NVRX_FT_MONITOR_SOCKET", str(monitor.socket_path))
+    exp_dir, ckpt_dir = tmp_path / "ft", tmp_path / "ckpt"
 
-    rc, out = run_training(procs, cfg, monitor.env)
-    assert rc == 0, out
-    assert [p["open"] for p in probes(out, "model_setup")] == [["setup"]]
-    assert {tuple(p["open"]) for p in probes(out, "training_step")} == {("step",)}  # type: ignore[arg-type]
-    assert [p["open"] for p in probes(out, "after_step")] == [[]]
-    saves = probes(out, "save_checkpoint")
-    assert saves, out
-    assert {tuple(p["open"]) for p in saves} == {("checkpointing",)}  # type: ignore[arg-type]
-    first = _section_state(tmp_path)
-    assert sorted(first["calculated_sections"]) == ["checkpointing", "step"]  # type: ignore[call-overload]
+    def job(max_steps: int, resume: bool) -> SectionProbe:
+        probe = SectionProbe()
+        ft = FaultToleranceSectionsCallback(
+            autoresume=False, calculate_timeouts=True, exp_dir=exp_dir
+        )
+        ckpt = str(ckpt_dir / "last.ckpt") if resume else None
+        tiny_fit(tmp_path, [ft, probe], max_steps=max_steps, ckpt_path=ckpt, ckpt_dir=ckpt_dir)
+        assert not ft.is_initialized
+        return probe
+
+    probe = job(max_steps=20, resume=False)
+    assert probe.seen["setup"] == {("setup",)}
+    assert probe.seen["backward"] == {("step",)}, "backward is part of the step"
+    assert probe.seen["optimizer_step"] == {("step",)}, "so is the optimizer step"
+    assert probe.seen["batch_end"] == {()}
+    assert probe.seen["save_checkpoint"] == {("checkpointing",)}
+    first = _section_state(exp_dir)
+    assert sorted(first["calculated_sections"]) == ["checkpointing", "step"]
     assert first["is_out_of_section_calculated"] is False
-    assert "Can't update the setup section timeout until a checkpoint was loaded" in out
 
-    rc, out = run_training(procs, cfg, monitor.env)
-    assert rc == 0, out
-    assert "Fault tolerance timeouts loaded" in out
-    second = _section_state(tmp_path)
-    assert sorted(second["calculated_sections"]) == ["checkpointing", "setup", "step"]  # type: ignore[call-overload]
+    job(max_steps=40, resume=True)
+    second = _section_state(exp_dir)
+    assert sorted(second["calculated_sections"]) == ["checkpointing", "setup", "step"]
     assert second["is_out_of_section_calculated"] is True
-    timeouts = second["section"]
-    assert all(0 < v < 300.0 for v in timeouts.values()), timeouts  # type: ignore[attr-defined]
+    assert all(0 < v < 300.0 for v in second["section"].values()), second
     assert not [e for e in monitor.events_seen() if e["event"] == "rank_terminated"]
 
 
-@pytest.mark.timeout(200)
+@pytest.mark.timeout(120)
 def test_exception_closes_sections_and_applies_the_policy(
-    tmp_path: Path, procs: Procs, make_monitor: Callable[..., Monitor]
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, make_monitor: Callable[..., Monitor]
 ) -> None:
     monitor = make_monitor(**SECTION_CFG)
     flag = tmp_path / "finished.flag"
-    cfg = _cfg(tmp_path, raise_at_step=3, policy=True, autoresume=True)
-    env = {**monitor.env, "FAULT_TOL_FINISHED_FLAG_FILE": str(flag)}
-    rc, out = run_training(procs, cfg, env)
-    assert rc == 1, out
-    assert "injected failure at step 3" in out
-    at_raise = [p for p in probes(out, "training_step") if p["step"] == 3]
-    assert at_raise
-    assert at_raise[0]["open"] == ["step"]
-    exc = probes(out, "exception")
-    assert len(exc) == 1
-    assert exc[0]["open"] == [], "the step section must be closed when the exception leaves it"
-    assert "Rank exits due to a failure, won't update the FT timeouts" in out
+    monkeypatch.setenv("NVRX_FT_MONITOR_SOCKET", str(monitor.socket_path))
+    monkeypatch.setenv("FAULT_TOL_FINISHED_FLAG_FILE", str(flag))
+    seen: list[BaseException] = []
+
+    def policy(exc: BaseException) -> WorkloadControlRequest:
+        seen.append(exc)
+        return WorkloadControlRequest(WorkloadAction.ShutdownWorkload, "cannot recover")
+
+    probe = SectionProbe(raise_in_backward_at=3)
+    ft = FaultToleranceSectionsCallback(
+        autoresume=True,
+        calculate_timeouts=True,
+        exp_dir=tmp_path / "ft",
+        exc_handling_policy=policy,
+    )
+    with pytest.raises(RuntimeError, match="injected failure at step 3"):
+        tiny_fit(tmp_path, [probe, ft], max_steps=10)
+    assert probe.seen["exception"] == {()}, "the step section closed when the exception left it"
+    assert [str(e) for e in seen] == ["injected failure at step 3"]
     assert flag.exists(), "ShutdownWorkload with autoresume creates the finished flag"
     control = [e for e in monitor.events_seen() if e["event"] == "workload_control"]
-    assert control
-    assert control[0]["action"] == "ShutdownWorkload"
+    assert [e["action"] for e in control] == ["ShutdownWorkload"]
+    assert not ft.is_initialized
+    assert not (tmp_path / "ft" / FT_STATE_FILENAME).exists(), "a failed job writes no timeouts"
 
 
-@pytest.mark.timeout(200)
+@pytest.mark.timeout(120)
 def test_config_without_the_three_sections_is_rejected(
-    tmp_path: Path, procs: Procs, make_monitor: Callable[..., Monitor]
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, make_monitor: Callable[..., Monitor]
 ) -> None:
     monitor = make_monitor(rank_section_timeouts={"step": 10.0})
-    rc, out = run_training(procs, _cfg(tmp_path), monitor.env)
-    assert rc != 0
-    assert "rank_section_timeouts must have exactly the sections" in out
-    assert "got ['step']" in out
+    monkeypatch.setenv("NVRX_FT_MONITOR_SOCKET", str(monitor.socket_path))
+    callback = FaultToleranceSectionsCallback(autoresume=False, calculate_timeouts=False)
+    with pytest.raises(ValueError, match=r"exactly the sections .*got \['step'\]"):
+        tiny_fit(tmp_path, [callback])
+    assert not callback.is_initialized
+
+
+def test_policy_must_be_callable() -> None:
+    with pytest.raises(ValueError, match="exc_handling_policy"):
+        FaultToleranceSectionsCallback(
+            autoresume=False,
+            calculate_timeouts=False,
+            exc_handling_policy="exclude",  # type: ignore[arg-type]
+        )

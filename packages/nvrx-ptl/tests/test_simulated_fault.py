@@ -88,11 +88,11 @@ _AGREE = textwrap.dedent(
     import os, random, sys
     import torch.distributed as dist
     from nvrx.ptl.simulated_fault import SimulatedFaultParams, plan_simulated_fault
-    dist.init_process_group("gloo", rank=int(sys.argv[1]), world_size=3)
+    dist.init_process_group("gloo", rank=int(sys.argv[1]), world_size=2)
     params = SimulatedFaultParams(fault_type="rank_killed", base_delay=0)
     # each rank has its own random stream: only rank 0's choice may win
-    plans = [plan_simulated_fault(params, 3, rng=random.Random(1000 * int(sys.argv[1]) + i))
-             for i in range(8)]
+    plans = [plan_simulated_fault(params, 2, rng=random.Random(1000 * int(sys.argv[1]) + i))
+             for i in range(16)]
     print("TARGETS", [p.rank_to_fail for p in plans], flush=True)
     dist.destroy_process_group()
     """
@@ -103,14 +103,14 @@ _AGREE = textwrap.dedent(
 @pytest.mark.timeout(90)
 def test_random_rank_is_agreed_across_ranks_on_gloo(procs: Procs) -> None:
     env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
-    ranks = [procs.python(["-c", _AGREE, str(r)], env=env) for r in range(3)]
+    ranks = [procs.python(["-c", _AGREE, str(r)], env=env) for r in range(2)]
     outputs = [p.communicate(timeout=80)[0] for p in ranks]
     targets = []
     for proc, out in zip(ranks, outputs, strict=True):
         assert proc.returncode == 0, out
         targets.append(next(line for line in out.splitlines() if line.startswith("TARGETS")))
-    assert targets[0] == targets[1] == targets[2], targets
-    expected = [random.Random(i).randrange(3) for i in range(8)]
+    assert targets[0] == targets[1], targets
+    expected = [random.Random(i).randrange(2) for i in range(16)]
     assert targets[0] == f"TARGETS {expected}"
 
 
@@ -128,16 +128,6 @@ _INJECT = textwrap.dedent(
     print("SURVIVED", flush=True)
     """
 )
-
-
-@pytest.mark.timeout(60)
-def test_rank_killed_fault_kills_the_process(procs: Procs) -> None:
-    proc = procs.python(["-c", _INJECT, "rank_killed", "0.3", "keep", "30"])
-    out, _ = proc.communicate(timeout=50)
-    assert proc.returncode == -signal.SIGKILL, out
-    assert "ARMED" in out
-    assert "Simulating fault rank_killed on rank 0" in out
-    assert "SURVIVED" not in out
 
 
 def _state(pid: int) -> str:
@@ -185,6 +175,7 @@ def test_killed_session_leader_takes_its_children_along(procs: Procs) -> None:
     proc = procs.python(["-c", script])
     out, _ = proc.communicate(timeout=50)
     assert proc.returncode == -signal.SIGKILL, out
+    assert "Simulating fault rank_killed on rank 0" in out
     child_pid = int(next(line for line in out.splitlines() if line.startswith("CHILD")).split()[1])
     deadline = time.monotonic() + 10
     while True:

@@ -19,10 +19,10 @@ import signal
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-import torch.distributed as dist
+if TYPE_CHECKING:
+    import torch
 
 __all__ = [
     "FAULT_TYPES",
@@ -111,6 +111,9 @@ def agree_on_rank(candidate: int, device: torch.device | str = "cpu") -> int:
     rank's CUDA device for NCCL); Lightning's ``strategy.root_device`` always does.
     Without an initialised process group the local candidate is returned.
     """
+    import torch  # here, so that importing nvrx.ptl stays cheap
+    import torch.distributed as dist
+
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return candidate
     value = torch.tensor([candidate], dtype=torch.int64, device=device)
