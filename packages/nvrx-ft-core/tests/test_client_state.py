@@ -178,3 +178,34 @@ def test_section_order_does_not_matter_in_the_reduce(tmp_path: Any) -> None:
     assert [p.returncode for p in procs] == [0, 0]
     results = [json.loads(o.strip().splitlines()[-1]) for o in outs]
     assert results[0] == results[1] == {"a": 5.0, "b": -1.0, "c": 7.0}
+
+
+def test_loaded_state_only_overrides_calculated_timeouts(
+    make_config: MakeConfig,
+    start_monitor: MonitorFactory,
+    start_rank: RankFactory,
+) -> None:
+    start_monitor(
+        make_config(
+            rank_section_timeouts={"step": 30.0, "ckpt": 900.0, "gone": None},
+            rank_out_of_section_timeout=50.0,
+        )
+    )
+    # An earlier run calculated "step" (and a section no longer configured) only.
+    state = {
+        "current_timeouts": {
+            "section": {
+                "section": {"step": 12.0, "ckpt": 600.0, "old": 5.0},
+                "out_of_section": 70.0,
+                "calculated_sections": ["old", "step"],
+                "is_out_of_section_calculated": False,
+            }
+        }
+    }
+    rank = start_rank([["load_state", json.dumps(state)], ["init"], ["print_state"], ["exit", 0]])
+    assert rank.wait_exit() == 0, rank.output()
+    sec = _state(rank.output())["current_timeouts"]["section"]
+    assert sec["section"] == {"step": 12.0, "ckpt": 900.0, "gone": None}
+    assert sec["out_of_section"] == 50.0
+    assert sec["calculated_sections"] == ["step"]
+    assert "unconfigured sections ['old']" in rank.output()

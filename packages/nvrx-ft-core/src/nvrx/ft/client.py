@@ -491,24 +491,30 @@ class RankMonitorClient:
             self._apply_loaded()
 
     def _apply_loaded(self) -> None:
+        """Apply the calculated parts of a loaded state; configured values stay otherwise."""
         hb, sec = self.loaded_hb_timeouts, self.loaded_section_timeouts
-        if sec is not None and self.section_timeouts is not None:
-            unknown = sorted(set(sec.section) - set(self.section_timeouts.section))
-            if unknown:
-                self.logger.warning("ignoring loaded timeouts of unconfigured sections %s", unknown)
-                sec = dataclasses.replace(
-                    sec,
-                    section={k: v for k, v in sec.section.items() if k not in unknown},
-                    calculated_sections=sec.calculated_sections - set(unknown),
-                )
-            merged = dict(self.section_timeouts.section)
-            merged.update(sec.section)
-            sec = dataclasses.replace(sec, section=merged)
+        if hb is not None and not hb.were_calculated:
+            hb = None
         if hb is not None:
             self.hb_timeouts = hb
-        if sec is not None:
+        current = self.section_timeouts
+        if sec is not None and current is not None:
+            calculated = {n for n in sec.calculated_sections if n in current.section}
+            dropped = sorted(set(sec.calculated_sections) - calculated)
+            if dropped:
+                self.logger.warning("ignoring loaded timeouts of unconfigured sections %s", dropped)
+            merged = dict(current.section)
+            merged.update({n: sec.section[n] for n in calculated if n in sec.section})
+            oos_calculated = sec.is_out_of_section_calculated
+            sec = SectionTimeouts(
+                section=merged,
+                out_of_section=sec.out_of_section if oos_calculated else current.out_of_section,
+                calculated_sections=calculated,
+                is_out_of_section_calculated=oos_calculated,
+            )
             self.section_timeouts = sec
-        self._send_timeouts(hb, sec)
+        if hb is not None or sec is not None:
+            self._send_timeouts(hb, sec)
 
 
 def _timeout_values(hb: HeartbeatTimeouts | None, sec: SectionTimeouts | None) -> list[object]:
