@@ -526,73 +526,57 @@ class ReportGenerator:
         kernel_status: KernelTimingStatus | None,
         elapsed_ms: float,
     ) -> Report:
+        """Turn ``[len(ranks), row]`` score rows into a Report (vectorised per column)."""
         m = self.name_mapper
         rel, indiv = self.is_computing_rel_scores, self.is_computing_indiv_scores
         ns = (rows.shape[1] - _HEAD) // _PER_SECTION
-        head = rows[:, :_HEAD].tolist()
+        rank_t = torch.tensor(list(ranks), dtype=torch.int64)
         per_sec = rows[:, _HEAD:].reshape(len(ranks), ns, _PER_SECTION)
-        entered = ~torch.isnan(per_sec[:, :, 4]).all(dim=0)
-        unavailable = (
+        own_reason = (
             f"; kernel timing: {kernel_status.reason}"
             if kernel_status is not None and kernel_status.reason
             else ""
         )
-        gpu_rel: dict[int, float] = {}
-        gpu_indiv: dict[int, float] = {}
-        gpu_times: dict[int, float] = {}
-        dropped: dict[int, int] = {}
         missing: list[NonComparable] = []
 
-        def take(
-            out: dict[int, float],
+        def column(
             kind: str,
-            r: int,
-            score: float,
-            code: float,
+            scores: torch.Tensor,
+            codes: torch.Tensor,
             what: str,
             section: str | None = None,
-            extra: str = "",
-        ) -> None:
-            c = Comparability(int(code))
-            if c is Comparability.SCORED and not math.isnan(score):
-                out[r] = score
-            else:
-                missing.append(NonComparable(kind, r, c.describe(what) + extra, section))
+        ) -> dict[int, float]:
+            ok = (codes == 0) & ~torch.isnan(scores)
+            for i in (~ok).nonzero().flatten().tolist():
+                r = int(rank_t[i])
+                reason = Comparability(int(codes[i])).describe(what)
+                if section is None and r == self.rank:
+                    reason += own_reason
+                missing.append(NonComparable(kind, r, reason, section))
+            return dict(zip(rank_t[ok].tolist(), scores[ok].tolist(), strict=True))
 
-        for r, h in zip(ranks, head, strict=False):
-            gpu_times[r] = h[4]
-            dropped[r] = int(h[5])
-            extra = unavailable if r == self.rank else ""
-            if indiv:
-                take(gpu_indiv, "gpu_individual", r, h[0], h[1], "kernels", extra=extra)
-            if rel:
-                take(gpu_rel, "gpu_relative", r, h[2], h[3], "kernels", extra=extra)
+        gpu_indiv = column("gpu_individual", rows[:, 0], rows[:, 1], "kernels") if indiv else {}
+        gpu_rel = column("gpu_relative", rows[:, 2], rows[:, 3], "kernels") if rel else {}
+        gpu_times = dict(zip(ranks, rows[:, 4].tolist(), strict=True))
+        dropped = dict(zip(ranks, (int(d) for d in rows[:, 5].tolist()), strict=True))
 
         sec_rel: dict[str, dict[int, float]] = {}
         sec_indiv: dict[str, dict[int, float]] = {}
         sec_times: dict[str, dict[int, float]] = {}
-        cells = per_sec.tolist()
+        what = "time for this section"
         for sid in range(ns):
-            if not bool(entered[sid]):
+            cells = per_sec[:, sid, :]
+            has_time = ~torch.isnan(cells[:, 4])
+            if not bool(has_time.any()):
                 continue
             name = m.get_section_name(sid)
-            times: dict[int, float] = {}
-            rel_s: dict[int, float] = {}
-            indiv_s: dict[int, float] = {}
-            for i, r in enumerate(ranks):
-                c = cells[i][sid]
-                if not math.isnan(c[4]):
-                    times[r] = c[4]
-                what = "time for this section"
-                if indiv:
-                    take(indiv_s, "section_individual", r, c[0], c[1], what, name)
-                if rel:
-                    take(rel_s, "section_relative", r, c[2], c[3], what, name)
-            sec_times[name] = times
-            if rel:
-                sec_rel[name] = rel_s
+            sec_times[name] = dict(
+                zip(rank_t[has_time].tolist(), cells[has_time, 4].tolist(), strict=True)
+            )
             if indiv:
-                sec_indiv[name] = indiv_s
+                sec_indiv[name] = column("section_individual", cells[:, 0], cells[:, 1], what, name)
+            if rel:
+                sec_rel[name] = column("section_relative", cells[:, 2], cells[:, 3], what, name)
         if missing and len(ranks) > 1:
             log.warning(
                 "straggler report: %d score(s) not comparable, e.g. rank %d %s: %s",
