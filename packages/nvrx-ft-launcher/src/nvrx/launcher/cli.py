@@ -140,6 +140,15 @@ def get_parser() -> argparse.ArgumentParser:
         help="seconds between SIGTERM and SIGKILL when stopping ranks for a restart",
     )
     restart.add_argument(
+        "--rdzv-poll-interval",
+        "--rdzv_poll_interval",
+        action=env,
+        type=_SECONDS,
+        default=0.1,
+        help="seconds between reads of the rendezvous state while waiting for other nodes "
+        "(torch polls every second)",
+    )
+    restart.add_argument(
         "--monitor-ready-timeout",
         "--monitor_ready_timeout",
         action=env,
@@ -241,6 +250,7 @@ def _options(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Launc
         term_timeout=args.term_timeout,
         workers_stop_timeout=args.workers_stop_timeout,
         monitor_ready_timeout=args.monitor_ready_timeout,
+        rdzv_poll_interval=args.rdzv_poll_interval,
         max_no_progress_restarts=args.ft_max_no_progress_restarts,
         min_progress_iterations=args.ft_min_progress_iterations,
         progress_file=args.ft_progress_file,

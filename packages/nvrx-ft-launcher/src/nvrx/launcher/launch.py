@@ -29,6 +29,7 @@ from nvrx.ft import FaultToleranceConfig
 from .agent import FtAgent, LauncherExit, RestartPolicy
 from .exit_codes import ExitCode, exit_code_for_signal
 from .monitors import MonitorSupervisor
+from .rendezvous import set_poll_interval
 
 __all__ = ["LaunchOptions", "launch"]
 
@@ -47,6 +48,7 @@ class LaunchOptions:
     term_timeout: float
     workers_stop_timeout: float
     monitor_ready_timeout: float
+    rdzv_poll_interval: float
     max_no_progress_restarts: int
     min_progress_iterations: int
     progress_file: str | None = None
@@ -157,6 +159,7 @@ def launch(options: LaunchOptions, monitors: MonitorSupervisor | None = None) ->
             )
             monitors.start()
         handler = rdzv_registry.get_rendezvous_handler(params)
+        set_poll_interval(handler, options.rdzv_poll_interval)
         logger.debug("rendezvous handler ready")
         agent = FtAgent(
             _spec(options, handler, params, monitors),
