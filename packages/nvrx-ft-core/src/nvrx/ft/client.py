@@ -249,7 +249,7 @@ class RankMonitorClient:
             raise RankMonitorClientError("send_heartbeat() before init_workload_monitoring()")
         t = _monotonic_ns()
         slots[LAST_HB_NS] = t
-        calc = self._calc  # inline copy of TimeoutsCalc.heartbeat_ns: a call costs ~30%
+        calc = self._calc  # inline copy of TimeoutsCalc._heartbeat_ns: a call costs ~30%
         prev = calc.prev_hb_ns
         if prev:
             interval = t - prev
@@ -274,7 +274,7 @@ class RankMonitorClient:
         t = _monotonic_ns()
         slots = self._slots
         slots[slot] = t  # the open time first, then out-of-section cleared (see nvrx.ft.shm)
-        calc = self._calc  # inline copy of TimeoutsCalc.open_ns
+        calc = self._calc  # inline copy of TimeoutsCalc._open_ns
         if not calc.open_count:
             slots[OOS_SINCE_NS] = 0
             interval = t - calc.last_section_close_ns
@@ -297,7 +297,7 @@ class RankMonitorClient:
         if not stat.opened_ns:
             raise RankMonitorClientError(f"Section {section!r} is not open")
         t = _monotonic_ns()
-        interval = t - stat.opened_ns  # inline copy of TimeoutsCalc.close_ns
+        interval = t - stat.opened_ns  # inline copy of TimeoutsCalc._close_ns
         if interval > stat.max_ns:
             stat.max_ns = interval
         stat.opened_ns = 0
@@ -320,7 +320,7 @@ class RankMonitorClient:
         self._slots[OOS_SINCE_NS] = t
         for stat, slot in self._section_entries.values():
             if stat.opened_ns:
-                calc.close_ns(stat, t)
+                calc._close_ns(stat, t)
                 self._slots[slot] = 0
 
     def _section_error(self, what: str, section: str) -> RankMonitorClientError:

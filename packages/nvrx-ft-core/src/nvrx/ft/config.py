@@ -438,7 +438,7 @@ def add_ft_arguments(
     Each option stores into ``ft_<field>`` with default ``None`` ("not given"), so a
     YAML value is only overridden by an option the user actually gave. Values are
     validated at parse time (a bad value is a usage error naming the field) and kept
-    as the given text, or :data:`CLI_NONE` for ``none``/``null``;
+    as the given text, or ``CLI_NONE`` for ``none``/``null``;
     :meth:`FaultToleranceConfig.from_args` turns them into the config. Both the
     ``--ft-a-b`` and ``--ft-a_b`` spellings are accepted.
     """

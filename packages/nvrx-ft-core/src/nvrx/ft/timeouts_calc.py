@@ -144,7 +144,7 @@ class TimeoutsCalc:
 
     # Updates.
 
-    def heartbeat_ns(self, t: int) -> None:
+    def _heartbeat_ns(self, t: int) -> None:
         """Record a heartbeat at ``t`` (ns). RankMonitorClient inlines a copy: keep in step."""
         prev = self.prev_hb_ns
         if prev:
@@ -159,9 +159,9 @@ class TimeoutsCalc:
 
     def update_on_heartbeat(self, hb_time: float | None = None) -> None:
         """Record a heartbeat sent at ``hb_time``."""
-        self.heartbeat_ns(_to_ns(hb_time))
+        self._heartbeat_ns(_to_ns(hb_time))
 
-    def open_ns(self, stat: SectionStat, t: int) -> None:
+    def _open_ns(self, stat: SectionStat, t: int) -> None:
         """Record opening a (closed) section at ``t`` (ns). The client inlines a copy."""
         if not self.open_count:
             interval = t - self.last_section_close_ns
@@ -170,7 +170,7 @@ class TimeoutsCalc:
         self.open_count += 1
         stat.opened_ns = t
 
-    def close_ns(self, stat: SectionStat, t: int) -> None:
+    def _close_ns(self, stat: SectionStat, t: int) -> None:
         """Record closing an (open) section at ``t`` (ns). The client inlines a copy."""
         interval = t - stat.opened_ns
         if interval > stat.max_ns:
@@ -188,7 +188,7 @@ class TimeoutsCalc:
         if action is SectionAction.CLOSE_ALL:
             for stat in self.sections.values():
                 if stat.opened_ns:
-                    self.close_ns(stat, t)
+                    self._close_ns(stat, t)
             return
         found = self.sections.get(section) if section is not None else None
         if found is None:
@@ -199,11 +199,11 @@ class TimeoutsCalc:
         if action is SectionAction.OPEN:
             if stat.opened_ns:
                 raise TimeoutsCalcError(f"Section {section!r} is already open")
-            self.open_ns(stat, t)
+            self._open_ns(stat, t)
         else:
             if not stat.opened_ns:
                 raise TimeoutsCalcError(f"Section {section!r} is not open")
-            self.close_ns(stat, t)
+            self._close_ns(stat, t)
 
     def maybe_bump_oos_time(self, curr_time: float | None = None) -> None:
         """Count the current out-of-section interval, if no section is open."""
