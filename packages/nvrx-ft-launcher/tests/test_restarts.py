@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import pathlib
 import signal
 from collections.abc import Callable
 from typing import Any
@@ -47,10 +48,11 @@ def _assert_resumed_and_finished(launcher: Launcher, steps: int, world: int) -> 
     ],
 )
 def test_crashed_rank_is_restarted_and_resumes(
-    start_launcher: Start, fault: str, described: str
+    start_launcher: Start, fault: str, described: str, tmp_path: pathlib.Path
 ) -> None:
+    log_dir = tmp_path / "logs"
     launcher = start_launcher(
-        ["--nproc-per-node", "2", "--max-restarts", "2"],
+        ["--nproc-per-node", "2", "--max-restarts", "2", "--log-dir", str(log_dir), "-t", "3"],
         ["--steps", "6", "--fault", f"{fault}:1:3"],
     )
     assert launcher.wait() == ExitCode.SUCCESS, launcher.log()
@@ -63,6 +65,13 @@ def test_crashed_rank_is_restarted_and_resumes(
     # Ranks keep their global rank; the restart count tells them which attempt they are.
     starts = _events(launcher, "start", cycle=1)
     assert sorted(e["rank"] for e in starts) == [0, 1]
+    # Per-rank logs as torchrun writes them, one attempt directory per cycle.
+    for attempt in (0, 1):
+        for local_rank in (0, 1):
+            assert list(log_dir.glob(f"*/attempt_{attempt}/{local_rank}/stdout.log"))
+    if fault == "raise":
+        stderr = next(log_dir.glob("*/attempt_0/1/stderr.log")).read_text()
+        assert "injected failure at step 3" in stderr
 
 
 @pytest.mark.timeout(150)

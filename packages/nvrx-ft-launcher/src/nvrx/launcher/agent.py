@@ -52,6 +52,8 @@ __all__ = ["FtAgent", "LauncherExit", "RestartPolicy"]
 
 logger = logging.getLogger("nvrx.launcher")
 
+_WAITING_CHECK_PERIOD_S = 1.0
+
 
 class LauncherExit(Exception):
     """Ends the launcher with ``code`` after the workers were stopped."""
@@ -133,6 +135,7 @@ class FtAgent(LocalElasticAgent):
         self._cycle = _Cycle(number=0, started=time.time(), progress=None)
         self._rendezvous_closed = False
         self._stopping = False
+        self._next_waiting_check = 0.0
 
     # -- what the launcher asks after the run ------------------------------------
 
@@ -337,9 +340,13 @@ class FtAgent(LocalElasticAgent):
         return None
 
     def _nodes_waiting(self) -> int:
+        # Reads the whole rendezvous state from the store: once a second is plenty for
+        # noticing new nodes, and keeps the store host's load flat as the job grows.
         handler = self._worker_group.spec.rdzv_handler
-        if not isinstance(handler, DynamicRendezvousHandler):
+        now = time.monotonic()
+        if not isinstance(handler, DynamicRendezvousHandler) or now < self._next_waiting_check:
             return 0
+        self._next_waiting_check = now + _WAITING_CHECK_PERIOD_S
         return handler.num_nodes_waiting()
 
     def _describe_failures(self, result: RunResult) -> list[str]:
