@@ -379,7 +379,7 @@ class ReportGenerator:
             k: v for k, v in kernel_summaries.items() if not self.comm_kernel_regex.search(k)
         }
         sections = dict(section_summaries)
-        rel, _indiv = self.is_computing_rel_scores, self.is_computing_indiv_scores
+        rel = self.is_computing_rel_scores
         distributed = comm.distributed
         exchange = distributed and (rel or self.gather_on_rank0)
 
@@ -405,8 +405,9 @@ class ReportGenerator:
             ranks = [self.rank]
         if rows is None:
             return None
+        report = self._assemble(rows, ranks, sections, kernels, kernel_status, 0.0)
         elapsed = (time.perf_counter_ns() - t0) * 1e-6
-        return self._assemble(rows, ranks, sections, kernels, kernel_status, elapsed)
+        return dataclasses.replace(report, generate_report_elapsed_time=elapsed)
 
     # -- collectives ---------------------------------------------------------------
 
