@@ -183,3 +183,12 @@ def test_failed_job_is_never_complete() -> None:
     assert not sm.is_training_completed(
         TrainingProgress(global_step=100, current_epoch=1, max_steps=100)
     )
+
+
+def test_completed_by_time_limit() -> None:
+    sm = _resumed_job_with_save(iters=10)
+    sm.on_teardown()
+    progress = TrainingProgress(
+        global_step=5, current_epoch=1, max_steps=100, time_limit_reached=True
+    )
+    assert sm.is_training_completed(progress)

@@ -10,7 +10,7 @@ from typing import Any
 
 from nvrx.ft import MONITOR_SOCKET_ENV, RankMonitorClient, RankMonitorClientError
 
-from ._compat import Callback, Trainer
+from ._compat import Callback, Trainer, lightning_module
 from .ft_state import FT_DIR_NAME, FT_STATE_FILENAME, FtStateError, load_ft_state, save_ft_state
 from .simulated_fault import (
     SimulatedFault,
@@ -24,6 +24,21 @@ __all__ = ["FINISHED_FLAG_ENV", "FtCallbackBase", "progress_from_trainer"]
 
 #: Environment variable naming the file that marks a finished training (autoresume).
 FINISHED_FLAG_ENV = "FAULT_TOL_FINISHED_FLAG_FILE"
+
+
+def _time_limit_reached(trainer: Trainer) -> bool:
+    """True when a Timer whose elapsed time persists across jobs (``max_time``) ran out.
+
+    A timer that does not save its state (e.g. NeMo's StatelessTimer) is a per-job
+    budget: running out of it does not end the training.
+    """
+    timer_cls = lightning_module().callbacks.Timer
+    for cb in trainer.callbacks:  # type: ignore[attr-defined]
+        if isinstance(cb, timer_cls) and type(cb).state_dict is timer_cls.state_dict:
+            remaining = cb.time_remaining()
+            if remaining is not None and remaining <= 0:
+                return True
+    return False
 
 
 def progress_from_trainer(trainer: Trainer) -> TrainingProgress:
@@ -41,6 +56,7 @@ def progress_from_trainer(trainer: Trainer) -> TrainingProgress:
         max_steps=trainer.max_steps,
         max_epochs=trainer.max_epochs,
         early_stopped=early_stopped,
+        time_limit_reached=_time_limit_reached(trainer),
     )
 
 

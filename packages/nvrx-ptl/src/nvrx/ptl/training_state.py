@@ -31,7 +31,9 @@ class TrainingProgress:
 
     ``max_steps``/``max_epochs`` count only when they are ints > 0 (Lightning uses
     -1 and None for "no limit"); ``early_stopped`` is True when an early-stopping
-    callback ended training on purpose.
+    callback ended training on purpose; ``time_limit_reached`` when a training time
+    limit that spans jobs (Lightning's ``max_time`` timer, whose elapsed time is
+    saved in checkpoints) ran out.
     """
 
     global_step: int
@@ -39,6 +41,7 @@ class TrainingProgress:
     max_steps: int | None = None
     max_epochs: int | None = None
     early_stopped: bool = False
+    time_limit_reached: bool = False
 
 
 def _limit_reached(value: int, limit: int | None) -> bool:
@@ -51,7 +54,8 @@ class TrainingStateMachine:
     Rules (those of the reference, with its max_time/early-stop gap closed):
 
     * training is complete when the job did not fail and either ``max_steps`` or
-      ``max_epochs`` is reached, an early-stopping callback stopped it, or the job
+      ``max_epochs`` is reached, an early-stopping callback stopped it, the
+      training-time limit ran out (so no extra "empty" job is needed), or the job
       ended after at most one iteration (an "empty" run: a job resumed from a
       checkpoint taken at the end of training, e.g. after a ``max_time`` stop; a
       job stopped by an exception, even ``sys.exit(0)``, is never "empty");
@@ -134,4 +138,5 @@ class TrainingStateMachine:
             _limit_reached(progress.global_step, progress.max_steps)
             or _limit_reached(progress.current_epoch, progress.max_epochs)
             or progress.early_stopped
+            or progress.time_limit_reached
         )
