@@ -46,17 +46,22 @@ class RankMonitorClientError(Exception):
     """Misuse of the client, or a control request the monitor could not carry out."""
 
 
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    if not value:
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise RankMonitorClientError(f"${name}={value!r} is not an integer") from None
+
+
 def _current_rank() -> int:
+    """The global rank: the process group's when there is one, else $RANK, else 0."""
     dist = sys.modules.get("torch.distributed")
     if dist is not None and dist.is_available() and dist.is_initialized():
         return int(dist.get_rank())
-    rank = os.environ.get("RANK")
-    if rank is None:
-        return 0
-    try:
-        return int(rank)
-    except ValueError:
-        raise RankMonitorClientError(f"$RANK={rank!r} is not an integer") from None
+    return _env_int("RANK", 0)
 
 
 def _connect(sock: socket.socket, path: str) -> None:
@@ -137,6 +142,7 @@ class RankMonitorClient:
                 "(or set it to a RankMonitorServer socket)"
             )
         rank = _current_rank()
+        local_rank = _env_int("LOCAL_RANK", -1)
         dump_stream = _dump_stream()
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(_CONTROL_TIMEOUT_S)
@@ -148,7 +154,7 @@ class RankMonitorClient:
                         "type": "init",
                         "v": PROTOCOL_VERSION,
                         "rank": rank,
-                        "local_rank": int(os.environ.get("LOCAL_RANK", "-1") or -1),
+                        "local_rank": local_rank,
                         "host": socket.gethostname(),
                         "stack_dump": dump_stream is not None,
                     }
