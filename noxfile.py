@@ -112,8 +112,9 @@ def typecheck(session: nox.Session) -> None:
     for name in PACKAGES:
         session.chdir(_pkg_dir(name))
         session.run("mypy", "--config-file", config, "src", "tests", env=env)
-    for folder in ("tests-integration", "benchmarks", "examples"):
-        session.chdir(ROOT / folder)
+    examples = sorted(p for p in (ROOT / "examples").iterdir() if p.is_dir())
+    for folder in [ROOT / "tests-integration", ROOT / "benchmarks", *examples]:
+        session.chdir(folder)
         session.run("mypy", "--config-file", config, ".", env=env)
     session.chdir(ROOT)
     session.run("mypy", "--config-file", config, "noxfile.py", "tools", env=env)
