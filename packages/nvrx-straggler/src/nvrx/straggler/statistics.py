@@ -64,7 +64,7 @@ def summarize(samples: Iterable[float], count: int | None = None) -> dict[Statis
     buffer was bounded and dropped some; it defaults to the number of samples.
     Raises ValueError for an empty window, since nothing can be summarised.
     """
-    values = sorted(float(v) for v in samples)
+    values = sorted(map(float, samples))
     n = len(values)
     if n == 0:
         raise ValueError("summarize: samples is empty; a window needs at least one sample")
@@ -73,7 +73,7 @@ def summarize(samples: Iterable[float], count: int | None = None) -> dict[Statis
     mid = n // 2
     median = values[mid] if n % 2 else (values[mid - 1] + values[mid]) / 2.0
     avg = math.fsum(values) / n
-    var = math.fsum((v - avg) * (v - avg) for v in values) / n
+    var = math.fsum([(v - avg) * (v - avg) for v in values]) / n
     return {
         Statistic.MIN: values[0],
         Statistic.MAX: values[-1],
