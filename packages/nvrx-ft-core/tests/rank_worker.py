@@ -3,7 +3,7 @@
 Each step is ``[name, *args]``: init, hb, open NAME, try_open NAME, close NAME, close_all, sleep S,
 beat_for S INTERVAL, ignore_sigterm, say TEXT, hang, stop_self, shutdown, calc_hb,
 calc_sections, load_state JSON, print_state, dist_init, dist_barrier,
-spawn_child, control ACTION,
+spawn_child, fork_sleeper, control ACTION,
 exit CODE. Markers go to stdout; the stack dump to stderr.
 """
 
@@ -86,6 +86,12 @@ def main() -> int:
 
             child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
             print(f"child {child.pid}", flush=True)
+        elif name == "fork_sleeper":
+            forked = os.fork()
+            if forked == 0:  # holds the control socket and the shared block open
+                time.sleep(120)
+                os._exit(0)
+            print(f"forked {forked}", flush=True)
         elif name == "exit":
             return int(args[0])
         else:

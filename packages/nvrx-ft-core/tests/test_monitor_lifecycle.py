@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pathlib
 import signal
@@ -308,3 +309,22 @@ def test_termination_reaches_the_rank_process_group(
         return False
 
     _wait_until(child_gone)
+
+
+def test_rank_exit_is_noticed_while_a_forked_child_holds_its_socket(
+    make_config: MakeConfig,
+    start_monitor: MonitorFactory,
+    start_rank: RankFactory,
+    events: Events,
+) -> None:
+    start_monitor(make_config(rank_heartbeat_timeout=2.0))
+    rank = start_rank([["init"], ["hb"], ["fork_sleeper"], ["exit", 0]])
+    try:
+        assert rank.wait_exit() == 0
+        assert events.wait("rank_disconnected").pid == rank.pid
+        time.sleep(2.5)  # longer than the heartbeat timeout: the exited rank is not "hung"
+        assert not [e for e in events.drain() if e.event == "rank_terminated"]
+    finally:
+        child = int(rank.output().split("forked ", 1)[1].split()[0])
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child, signal.SIGKILL)
