@@ -1,0 +1,70 @@
+"""Report: straggler identification, table and JSON forms."""
+
+from __future__ import annotations
+
+import json
+
+from nvrx.straggler import NonComparable, Report, Statistic, StragglerId
+
+
+def make_report() -> Report:
+    return Report(
+        gpu_relative_perf_scores={0: 1.0, 1: 0.75, 2: 0.5},
+        section_relative_perf_scores={"step": {0: 1.0, 1: 0.9, 2: 0.2}, "io": {0: 1.0}},
+        gpu_individual_perf_scores={0: 0.7, 1: 1.0, 2: 1.0},
+        section_individual_perf_scores={"step": {0: 1.0, 1: 1.0, 2: 0.74}},
+        rank_to_node={0: "a", 1: "a", 2: "b", 3: "b"},
+        local_section_summaries={"step": {Statistic.MED: 2.0, Statistic.NUM: 4.0}},
+        local_kernel_summaries={},
+        generate_report_elapsed_time=1.5,
+        gather_on_rank0=True,
+        rank=0,
+        section_median_times={"step": {0: 10.0, 1: 11.0, 2: 50.0}, "io": {0: 1.0}},
+        gpu_kernel_times={0: 3.0, 1: 4.0, 2: 6.0, 3: 0.0},
+        non_comparable=(
+            NonComparable("gpu_relative", 3, "no kernels recorded"),
+            NonComparable("section_relative", 3, "not entered", "io"),
+            NonComparable("section_relative", 1, "not entered", "io"),
+        ),
+    )
+
+
+def test_identify_stragglers_uses_strict_thresholds_per_kind() -> None:
+    found = make_report().identify_stragglers()
+    assert found["straggler_gpus_relative"] == {StragglerId(2, "b")}  # 0.75 is not < 0.75
+    assert found["straggler_gpus_individual"] == {StragglerId(0, "a")}
+    assert found["straggler_sections_relative"] == {"step": {StragglerId(2, "b")}}
+    assert found["straggler_sections_individual"] == {"step": {StragglerId(2, "b")}}
+    relaxed = make_report().identify_stragglers(gpu_rel_threshold=0.8, section_rel_threshold=0.1)
+    assert relaxed["straggler_gpus_relative"] == {StragglerId(1, "a"), StragglerId(2, "b")}
+    assert relaxed["straggler_sections_relative"] == {}
+    assert repr(StragglerId(3, "host")) == "StragglerId(rank=3, node='host')"
+
+
+def test_table_lists_worst_ranks_first_and_groups_non_comparable() -> None:
+    text = make_report().format_table(max_rows=2)
+    lines = text.splitlines()
+    gpu = lines.index("GPU relative (worst 2 of 3 ranks):")
+    assert lines[gpu + 2].split()[:3] == ["2", "b", "0.500"]
+    assert lines[gpu + 3].split()[:3] == ["1", "a", "0.750"]
+    assert "6.000" in lines[gpu + 2]  # kernel time of rank 2
+    step = lines.index("Section 'step' relative (worst 2 of 3 ranks):")
+    assert lines[step + 2].split() == ["2", "b", "0.200", "50.000"]
+    assert "  section_relative 'io': ranks 1,3: not entered" in lines
+    assert "  gpu_relative: ranks 3: no kernels recorded" in lines
+
+
+def test_json_form_has_string_keys_units_and_no_nan() -> None:
+    data = json.loads(make_report().to_json())
+    assert data["units"]["section_times"] == "ms"
+    assert data["units"]["kernel_times"] == "us"
+    assert data["gpu_relative_perf_scores"] == {"0": 1.0, "1": 0.75, "2": 0.5}
+    assert data["section_relative_perf_scores"]["step"]["2"] == 0.2
+    assert data["local_section_summaries"]["step"] == {"MED": 2.0, "NUM": 4.0}
+    assert data["non_comparable"][0] == {
+        "score": "gpu_relative",
+        "rank": 3,
+        "reason": "no kernels recorded",
+        "section": None,
+    }
+    assert data["rank_to_node"]["3"] == "b"
