@@ -29,7 +29,7 @@ from nvrx.ft import FaultToleranceConfig
 from .agent import FtAgent, LauncherExit, RestartPolicy
 from .exit_codes import ExitCode, exit_code_for_signal
 from .monitors import MonitorSupervisor
-from .rendezvous import set_poll_interval
+from .rendezvous import tune_rendezvous
 
 __all__ = ["LaunchOptions", "launch"]
 
@@ -159,7 +159,7 @@ def launch(options: LaunchOptions, monitors: MonitorSupervisor | None = None) ->
             )
             monitors.start()
         handler = rdzv_registry.get_rendezvous_handler(params)
-        set_poll_interval(handler, options.rdzv_poll_interval)
+        tune_rendezvous(handler, options.rdzv_poll_interval)
         logger.debug("rendezvous handler ready")
         agent = FtAgent(
             _spec(options, handler, params, monitors),
