@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from nvrx.straggler import Detector, StragglerDetector, SyntheticKernelRecord, SyntheticKernelTimer
@@ -120,3 +122,59 @@ def test_class_api_sections() -> None:
             pass
     assert Detector.custom_sections["x"].total_entry_cnt == 4
     assert len(Detector.custom_sections["x"].cpu_elapsed_times) == 2
+
+
+class FakeEvent:
+    """Stands in for torch.cuda.Event on CPU: records host time."""
+
+    def __init__(self, enable_timing: bool = False) -> None:
+        assert enable_timing
+        self.t = 0.0
+
+    def record(self) -> None:
+        import time
+
+        self.t = time.perf_counter()
+
+    def elapsed_time(self, end: FakeEvent) -> float:
+        return (end.t - self.t) * 1000.0
+
+
+def test_cuda_event_timing_adds_a_gpu_time_section(monkeypatch: pytest.MonkeyPatch) -> None:
+    import time
+
+    import torch
+
+    from nvrx.straggler.sections import SectionRegistry
+    from nvrx.straggler.statistics import Statistic
+
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    registry = SectionRegistry(1, None, cuda_event_timing=True)
+
+    def enter(name: str, cuda: bool) -> Any:
+        import sys
+
+        return registry.handle(name, cuda, sys._getframe(1))
+
+    def work(depth: int, fail: bool = False) -> None:
+        with enter("fwd", True):  # nested entries: one event pair for the outermost
+            if depth:
+                work(depth - 1, fail)
+            elif fail:
+                raise KeyError("not timed")
+            else:
+                time.sleep(0.001)
+
+    for _ in range(4):
+        work(1)
+        with enter("cpu", False):
+            pass
+    with pytest.raises(KeyError):
+        work(0, fail=True)
+    summaries = registry.summaries()
+    assert summaries["fwd [cuda]"][Statistic.NUM] == 4  # outer entries only, no failed one
+    assert summaries["fwd [cuda]"][Statistic.MIN] >= 1.0
+    assert summaries["fwd"][Statistic.NUM] == 4
+    assert "cpu [cuda]" not in summaries
+    registry.reset_window()
+    assert "fwd [cuda]" not in registry.summaries()
