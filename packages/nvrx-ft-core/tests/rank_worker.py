@@ -3,7 +3,7 @@
 Each step is ``[name, *args]``: init, hb, open NAME, try_open NAME, close NAME, close_all, sleep S,
 beat_for S INTERVAL, ignore_sigterm, say TEXT, hang, stop_self, shutdown, calc_hb,
 calc_sections, load_state JSON, print_state, dist_init, dist_barrier,
-spawn_child, fork_sleeper, control ACTION,
+spawn_child, fork_sleeper, train STEPS SECONDS, control ACTION,
 exit CODE. Markers go to stdout; the stack dump to stderr.
 """
 
@@ -92,6 +92,14 @@ def main() -> int:
                 time.sleep(120)
                 os._exit(0)
             print(f"forked {forked}", flush=True)
+        elif name == "train":  # steps, seconds per step: heartbeat after each all-reduce
+            import torch
+            import torch.distributed as dist
+
+            for _ in range(int(args[0])):
+                dist.all_reduce(torch.ones(4))
+                client.send_heartbeat()
+                time.sleep(args[1])
         elif name == "exit":
             return int(args[0])
         else:

@@ -209,3 +209,32 @@ def test_loaded_state_only_overrides_calculated_timeouts(
     assert sec["out_of_section"] == 50.0
     assert sec["calculated_sections"] == ["step"]
     assert "unconfigured sections ['old']" in rank.output()
+
+
+@pytest.mark.slow
+def test_stopped_rank_hangs_its_peer_in_all_reduce_and_both_are_terminated(
+    make_config: MakeConfig,
+    start_monitor: MonitorFactory,
+    start_rank: RankFactory,
+    events: Events,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    cfg = make_config(initial_rank_heartbeat_timeout=60.0, rank_heartbeat_timeout=2.0)
+    start_monitor(cfg, local_rank=0)
+    start_monitor(cfg, local_rank=1)
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(_free_port()))
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    healthy = start_rank([["dist_init"], ["init"], ["train", 100000, 0.02]], rank=0)
+    stopped = start_rank(
+        [["dist_init"], ["init"], ["train", 20, 0.02], ["say", "stopping"], ["stop_self"], ["hang"]],
+        local_rank=1,
+        rank=1,
+    )
+    stopped.wait_output("stopping", timeout=90)
+    terminated = {events.wait("rank_terminated").pid for _ in range(2)}
+    assert terminated == {healthy.pid, stopped.pid}
+    healthy.wait_exit()
+    stopped.wait_exit()
+    assert "all_reduce" in healthy.output()  # its stack dump shows where it hung
+    assert "most recent call first" in stopped.output()
