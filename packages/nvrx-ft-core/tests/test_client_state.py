@@ -227,7 +227,14 @@ def test_stopped_rank_hangs_its_peer_in_all_reduce_and_both_are_terminated(
     monkeypatch.setenv("WORLD_SIZE", "2")
     healthy = start_rank([["dist_init"], ["init"], ["train", 100000, 0.02]], rank=0)
     stopped = start_rank(
-        [["dist_init"], ["init"], ["train", 20, 0.02], ["say", "stopping"], ["stop_self"], ["hang"]],
+        [
+            ["dist_init"],
+            ["init"],
+            ["train", 20, 0.02],
+            ["say", "stopping"],
+            ["stop_self"],
+            ["hang"],
+        ],
         local_rank=1,
         rank=1,
     )
