@@ -31,6 +31,7 @@ __all__ = [
     "FAST_FT",
     "LIGHTNING_STEPS",
     "MARKER_ENV",
+    "Event",
     "LauncherRun",
     "assert_every_step_once",
     "free_port",
@@ -64,6 +65,7 @@ FAST_FT: list[str] = [
 #: How long processes of a launcher that exited on its own may take to disappear.
 LEAK_GRACE_S = 5.0
 
+#: One JSON line of a journal or cycle log.
 Event = dict[str, Any]
 
 
@@ -187,6 +189,16 @@ class LauncherRun:
         ]
         return max(steps, default=0)
 
+    def wait_until(self, condition: Callable[[], bool], timeout: float, what: str) -> None:
+        """:func:`wait_for`, failing with the launcher's state and log tail."""
+        try:
+            wait_for(condition, timeout, what)
+        except AssertionError as exc:
+            state = "running" if self.proc.poll() is None else f"exited {self.proc.returncode}"
+            raise AssertionError(
+                f"{self.name}: {exc} (ft_launcher {state}); log tail:\n{self.log()[-6000:]}"
+            ) from None
+
     def wait(self, timeout: float) -> int:
         """The launcher's exit code; fail with the end of its log if it runs too long."""
         try:
@@ -216,8 +228,11 @@ class LauncherRun:
                     return proc.pid
         raise AssertionError(f"{self.name}: no monitor for local rank {local_rank}")
 
-    def cleanup(self) -> list[str]:
-        """Kill whatever is left; return one problem per process the launcher left behind."""
+    def cleanup(self, grace: float = LEAK_GRACE_S) -> list[str]:
+        """Kill whatever is left; return one problem per process the launcher left behind.
+
+        Processes of a launcher that exited on its own get ``grace`` seconds to go.
+        """
         problems = []
         if self.proc.poll() is None:
             # The test ended early (failed or timed out): stop everything, no blame.
@@ -225,7 +240,7 @@ class LauncherRun:
                 os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(30)
         else:
-            deadline = time.monotonic() + LEAK_GRACE_S
+            deadline = time.monotonic() + grace
             while marked_processes(self.marker) and time.monotonic() < deadline:
                 time.sleep(0.1)
             left = marked_processes(self.marker)

@@ -16,7 +16,7 @@ import signal
 
 import pytest
 from conftest import Launch
-from itest_harness import assert_every_step_once, matches, restart_reasons, wait_for
+from itest_harness import Event, assert_every_step_once, matches, restart_reasons
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 
@@ -49,6 +49,11 @@ FAULTS = {
         # launcher stops ranks only after a failure, and the other rank is healthy.
         rf"{RANK1} was killed by signal SIGKILL; its monitor terminated it: heartbeat_timeout",
     ),
+    "hang-exiting-0-on-sigterm": Fault(
+        # A rank its monitor terminated failed, whatever its exit code.
+        "hang_exiting_0_on_sigterm:1:5:0",
+        rf"{RANK1} [^;]+; its monitor terminated it: heartbeat_timeout",
+    ),
     "hang-in-section": Fault(
         "hang_in_section:1:5:0",
         rf"{RANK1} [^;]+; its monitor terminated it: section_timeout, section 'step'",
@@ -65,12 +70,12 @@ FAULTS = {
 }
 
 
-def _check_training(journal: list[dict[str, object]], attempts: int) -> dict[int, int]:
+def _check_training(journal: list[Event], attempts: int) -> dict[int, int]:
     resumes = assert_every_step_once(journal, STEPS)
     done = [e for e in journal if e["event"] == "done" and e["rank"] == 0]
     assert done[-1]["total"] == EXPECTED_TOTAL, f"final total {done[-1]['total']}"
     started = {e["attempt"] for e in journal if e["event"] == "start"}
-    assert started == set(range(attempts)), f"attempts started: {sorted(started)}"  # type: ignore[type-var]
+    assert started == set(range(attempts)), f"attempts started: {sorted(started)}"
     return resumes
 
 
@@ -120,7 +125,7 @@ def test_two_faults_in_a_row(launch: Launch) -> None:
 @pytest.mark.timeout(180)
 def test_killed_monitor_is_replaced_and_its_rank_restarted(launch: Launch) -> None:
     run = launch(["--step-time", "0.3"])
-    wait_for(lambda: run.steps_done(attempt=0, rank=1) >= 2, 90, "rank 1 at step 2")
+    run.wait_until(lambda: run.steps_done(attempt=0, rank=1) >= 2, 90, "rank 1 at step 2")
     old = run.monitor_pid(local_rank=1)
     os.kill(old, signal.SIGKILL)
     run.expect_exit(0, timeout=150)

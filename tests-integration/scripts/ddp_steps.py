@@ -17,7 +17,9 @@ Faults: ``--fault KIND:RANK:STEP:ATTEMPT`` (repeatable; ATTEMPT is an integer or
 - ``sigkill``: SIGKILL itself;  ``raise``: raise RuntimeError;  ``exit``: exit code 7;
 - ``sigstop``: SIGSTOP itself (a hang the monitor must notice);
 - ``hang``: sleep forever;  ``hang_ignoring_sigterm``: ignore SIGTERM, then sleep forever;
-- ``hang_in_section``: open the ``step`` section, then sleep forever.
+- ``hang_in_section``: open the ``step`` section, then sleep forever;
+- ``hang_exiting_0_on_sigterm``: exit 0 on SIGTERM (as Lightning's handler does), then
+  sleep forever.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ KINDS = (
     "hang",
     "hang_ignoring_sigterm",
     "hang_in_section",
+    "hang_exiting_0_on_sigterm",
 )
 
 
@@ -95,6 +98,9 @@ def inject(kind: str, client: RankMonitorClient) -> None:
         hang_forever()
     elif kind == "hang_ignoring_sigterm":
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        hang_forever()
+    elif kind == "hang_exiting_0_on_sigterm":
+        signal.signal(signal.SIGTERM, lambda signum, frame: os._exit(0))
         hang_forever()
     elif kind == "hang_in_section":
         client.start_section("step")
