@@ -185,3 +185,15 @@ def test_simulated_hang_is_detected_by_the_monitor(
     terminated = [e for e in monitor.events_seen() if e["event"] == "rank_terminated"]
     assert terminated, out
     assert terminated[0]["cause"] == "heartbeat_timeout"
+
+
+@pytest.mark.timeout(120)
+def test_both_ft_callbacks_together_are_rejected(tmp_path: Path) -> None:
+    from nvrx.ptl import FaultToleranceSectionsCallback
+
+    heartbeats = FaultToleranceCallback(autoresume=False, calculate_timeouts=True)
+    sections = FaultToleranceSectionsCallback(autoresume=False, calculate_timeouts=True)
+    with pytest.raises(ValueError, match="cannot be used together with"):
+        tiny_fit(tmp_path, [heartbeats, sections])
+    assert not heartbeats.is_initialized
+    assert not sections.is_initialized

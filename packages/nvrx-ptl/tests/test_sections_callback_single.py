@@ -84,8 +84,13 @@ def test_sections_and_their_timeouts_over_two_jobs(
             autoresume=False, calculate_timeouts=True, exp_dir=exp_dir
         )
         ckpt = str(ckpt_dir / "last.ckpt") if resume else None
-        tiny_fit(tmp_path, [ft, probe], max_steps=max_steps, ckpt_path=ckpt, ckpt_dir=ckpt_dir)
+        trainer: Any = tiny_fit(
+            tmp_path, [ft, probe], max_steps=max_steps, ckpt_path=ckpt, ckpt_dir=ckpt_dir
+        )
         assert not ft.is_initialized
+        left = set(vars(trainer.strategy)) & {"training_step", "backward", "save_checkpoint"}
+        assert not left, "the strategy is left as it was"
+        assert "save_checkpoint" not in vars(trainer)
         return probe
 
     probe = job(max_steps=20, resume=False)

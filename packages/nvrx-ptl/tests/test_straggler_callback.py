@@ -90,7 +90,7 @@ def test_single_process_logs_section_scores_to_csv(
         logger_name="test.straggler",
     )
     with caplog.at_level(logging.INFO, logger="test.straggler"):
-        tiny_fit(
+        trainer = tiny_fit(
             tmp_path,
             [callback],
             max_steps=400,
@@ -103,6 +103,7 @@ def test_single_process_logs_section_scores_to_csv(
     assert float(rows[-1]["section_relative_perf/train_step/min"]) == pytest.approx(1.0)
     assert not callback.initialized
     assert not Detector.initialized
+    assert "training_step" not in vars(trainer.strategy), "the strategy is left as it was"  # type: ignore[attr-defined]
 
 
 @pytest.mark.slow

@@ -105,7 +105,17 @@ class FtCallbackBase(Callback):
 
     # -- set-up ------------------------------------------------------------------------------
 
-    def _verify_env(self) -> None:
+    def _verify_env(self, trainer: Trainer) -> None:
+        others = [
+            type(cb).__name__
+            for cb in trainer.callbacks  # type: ignore[attr-defined]
+            if isinstance(cb, FtCallbackBase) and cb is not self
+        ]
+        if others:
+            raise ValueError(
+                f"{type(self).__name__} cannot be used together with {', '.join(others)}: "
+                "a rank has one monitor connection; use heartbeats or sections, not both"
+            )
         if self.autoresume and not os.environ.get(FINISHED_FLAG_ENV):
             raise RuntimeError(
                 f"{type(self).__name__}(autoresume=True) needs the {FINISHED_FLAG_ENV} "

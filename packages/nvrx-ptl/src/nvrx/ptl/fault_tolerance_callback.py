@@ -62,7 +62,7 @@ class FaultToleranceCallback(FtCallbackBase):
         """Connect to the rank monitor and load calculated timeouts (fit only)."""
         if stage != "fit":
             return
-        self._verify_env()
+        self._verify_env(trainer)
         self.state_machine = TrainingStateMachine()
         client = self._setup_fault_tolerance(trainer)
         timeouts = client.hb_timeouts

@@ -104,9 +104,8 @@ class FaultToleranceSectionsCallback(FtCallbackBase):
             client.end_section(name)
 
     def _close_setup_section(self) -> None:
-        if self._open_depth["setup"]:
-            self._open_depth["setup"] = 1
-            self._end_section("setup")
+        """Close 'setup' if it is still open (it is opened once, at the fit's setup)."""
+        self._end_section("setup")
 
     def _wrap(self, obj: object, method: str, section: str) -> None:
         original = getattr(obj, method, None)
@@ -152,7 +151,7 @@ class FaultToleranceSectionsCallback(FtCallbackBase):
         """Connect to the monitor, load calculated timeouts, wrap the strategy, open 'setup'."""
         if stage != "fit":
             return
-        self._verify_env()
+        self._verify_env(trainer)
         self._reset_run_state()
         client = self._setup_fault_tolerance(trainer)
         configured = set(client.section_timeouts.section if client.section_timeouts else ())

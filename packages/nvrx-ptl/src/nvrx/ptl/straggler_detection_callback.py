@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from contextlib import AbstractContextManager
 from typing import Any
 
-from nvrx.straggler import CallableId, Detector, Report
+from nvrx.straggler import Detector, Report
 
 from ._compat import Callback, LightningModule, Trainer
 from .straggler_scores import format_rank_scores, score_summary
@@ -129,6 +130,7 @@ class StragglerDetectionCallback(Callback):
         self.logger = logging.getLogger(logger_name or __name__)
         self.initialized = False
         self._owns_detector = False
+        self._unwrap: Callable[[], None] | None = None
         self._step_section: AbstractContextManager[Any] | None = None
         self._rank = 0
         self._is_rank0 = True
@@ -156,7 +158,7 @@ class StragglerDetectionCallback(Callback):
                 report_time_interval=self.report_time_interval,
             )
             self._owns_detector = True
-        Detector.wrap_callables([CallableId(trainer.strategy, "training_step")], profile_cuda=False)
+        self._time_forward(trainer)
         self.initialized = True
         self._log0(
             logging.INFO,
@@ -180,23 +182,49 @@ class StragglerDetectionCallback(Callback):
             section.__exit__(type(exception), exception, exception.__traceback__)
         self._shutdown()
 
+    def _time_forward(self, trainer: Trainer) -> None:
+        """Time ``strategy.training_step`` as its own section (ours only: restored at the end)."""
+        strategy = trainer.strategy
+        original = strategy.training_step
+        name = f"{type(strategy).__name__}.training_step"
+
+        @functools.wraps(original)
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            if not Detector.initialized:  # shut down under our feet: just run the step
+                return original(*args, **kwargs)
+            with Detector.detection_section(name, profile_cuda=False):
+                return original(*args, **kwargs)
+
+        self._unwrap = functools.partial(_restore, strategy, "training_step", original)
+        strategy.training_step = timed  # type: ignore[method-assign]
+
     def _shutdown(self) -> None:
         if not self.initialized:
             return
         self.initialized = False
         self._step_section = None
-        Detector.restore_original_callables()
+        if self._unwrap is not None:
+            self._unwrap()
+            self._unwrap = None
         if self._owns_detector:
             self._owns_detector = False
             Detector.shutdown()
 
     # -- the step section --------------------------------------------------------------------
 
+    def _detector_alive(self) -> bool:
+        if self.initialized and not Detector.initialized:
+            self._log0(
+                logging.WARNING, "The straggler Detector was shut down; straggler detection stops"
+            )
+            self._shutdown()
+        return self.initialized
+
     def on_train_batch_start(
         self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int
     ) -> None:
         """Open the whole-step section."""
-        if not self.initialized:
+        if not self._detector_alive():
             return
         section = Detector.detection_section(STEP_SECTION, profile_cuda=True)
         section.__enter__()
@@ -211,7 +239,7 @@ class StragglerDetectionCallback(Callback):
         batch_idx: int,
     ) -> None:
         """Close the step section; on report intervals, report and maybe stop."""
-        if not self.initialized:
+        if not self._detector_alive():
             return
         section = self._step_section
         self._step_section = None
@@ -359,3 +387,11 @@ class StragglerDetectionCallback(Callback):
                 "No ModelCheckpoint directory: stopping without saving a checkpoint",
             )
         trainer.should_stop = True
+
+
+def _restore(obj: object, name: str, original: object) -> None:
+    """Undo an instance-attribute wrap, whether or not the original was one."""
+    if getattr(type(obj), name, None) is getattr(original, "__func__", None):
+        delattr(obj, name)
+    else:
+        setattr(obj, name, original)
