@@ -171,13 +171,23 @@ class FtAgent(LocalElasticAgent):
         self._remaining_restarts = spec.max_restarts - self._state.cycle
         super()._rendezvous(worker_group)
         if self._coord is None:
+            # First rendezvous of this launcher (maybe joining a running job): the job
+            # state comes from the store. Later ones carry the decision's state, so a
+            # quick failure on another node cannot move us past a cycle.
             # WorkerGroup.store is declared as None in torch; the rendezvous set it.
             store = cast(Store, worker_group.store)
             self._coord = JobCoordinator(store, spec.rdzv_handler.get_run_id(), self._node)
-        self._state = self._coord.state()
+            self._state = self._coord.state()
         self._remaining_restarts = spec.max_restarts - self._state.cycle
 
     def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
+        for local_rank, code in sorted(self._monitors.dead().items()):
+            logger.error(
+                "the monitor of local rank %d died (exit code %s); starting a new one",
+                local_rank,
+                code,
+            )
+            self._monitors.replace(local_rank)
         self._monitors.wait_ready()
         logger.debug("monitors ready")
         self._cycle = _Cycle(
