@@ -165,7 +165,11 @@ class RankMonitorServer:
         return listener
 
     def serve(self, ready_fd: int | None = None) -> int:
-        """Bind, report readiness on ``ready_fd``, and serve until stopped or orphaned."""
+        """Bind, report readiness on ``ready_fd``, and serve until stopped or orphaned.
+
+        Runs in the main thread of a process of its own (it installs SIGTERM/SIGINT
+        handlers); :meth:`run_in_subprocess` is the way to start one.
+        """
         wake_r, wake_w = socket.socketpair()
         wake_r.setblocking(False)
         wake_w.setblocking(False)
