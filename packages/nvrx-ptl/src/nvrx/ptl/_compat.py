@@ -20,7 +20,7 @@ __all__ = [
     "LIGHTNING_ENV",
     "Callback",
     "LightningModule",
-    "ModelCheckpoint",
+    "Timer",
     "Trainer",
     "lightning_module",
 ]
@@ -63,10 +63,10 @@ def lightning_module() -> ModuleType:
 
 if TYPE_CHECKING:
     from lightning.pytorch import Callback, LightningModule, Trainer
-    from lightning.pytorch.callbacks import ModelCheckpoint
+    from lightning.pytorch.callbacks import Timer
 else:
     _pl = lightning_module()
     Callback = _pl.Callback
     LightningModule = _pl.LightningModule
     Trainer = _pl.Trainer
-    ModelCheckpoint = _pl.callbacks.ModelCheckpoint
+    Timer = _pl.callbacks.Timer

@@ -10,7 +10,7 @@ from typing import Any
 
 from nvrx.ft import MONITOR_SOCKET_ENV, RankMonitorClient, RankMonitorClientError
 
-from ._compat import Callback, Trainer, lightning_module
+from ._compat import Callback, Timer, Trainer
 from .ft_state import FT_DIR_NAME, FT_STATE_FILENAME, FtStateError, load_ft_state, save_ft_state
 from .simulated_fault import (
     SimulatedFault,
@@ -32,9 +32,8 @@ def _time_limit_reached(trainer: Trainer) -> bool:
     A timer that does not save its state (e.g. NeMo's StatelessTimer) is a per-job
     budget: running out of it does not end the training.
     """
-    timer_cls = lightning_module().callbacks.Timer
     for cb in trainer.callbacks:  # type: ignore[attr-defined]
-        if isinstance(cb, timer_cls) and type(cb).state_dict is timer_cls.state_dict:
+        if isinstance(cb, Timer) and type(cb).state_dict is Timer.state_dict:
             remaining = cb.time_remaining()
             if remaining is not None and remaining <= 0:
                 return True

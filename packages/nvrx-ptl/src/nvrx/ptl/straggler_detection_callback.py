@@ -226,6 +226,9 @@ class StragglerDetectionCallback(Callback):
         """Open the whole-step section."""
         if not self._detector_alive():
             return
+        unfinished = self._step_section
+        if unfinished is not None:  # the previous batch never ended (skipped): do not time it
+            unfinished.__exit__(RuntimeError, None, None)
         section = Detector.detection_section(STEP_SECTION, profile_cuda=True)
         section.__enter__()
         self._step_section = section
