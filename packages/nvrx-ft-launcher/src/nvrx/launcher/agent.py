@@ -87,6 +87,10 @@ class _Cycle:
     terminated: dict[int, MonitorEvent] = dataclasses.field(default_factory=dict)
 
 
+def _on_sigchld(signum: int, frame: object) -> None:
+    """Nothing to do here: the wakeup fd already woke the run loop."""
+
+
 def _describe_exit(exitcode: int) -> str:
     if exitcode < 0:
         try:
@@ -136,6 +140,7 @@ class FtAgent(LocalElasticAgent):
         self._rendezvous_closed = False
         self._stopping = False
         self._next_waiting_check = 0.0
+        self._wake: socket.socket | None = None
 
     # -- what the launcher asks after the run ------------------------------------
 
@@ -245,18 +250,40 @@ class FtAgent(LocalElasticAgent):
         logger.info(
             "[%s] node %s: starting %d worker(s)", spec.role, self._node, spec.local_world_size
         )
-        self._initialize_workers(self._worker_group)
-        while True:
-            self._wait(spec.monitor_interval)
-            result = self._tick()
-            if result is not None:
-                return result
+        # A child's exit (SIGCHLD) wakes the loop at once through the wakeup fd, so a
+        # crash is seen in milliseconds, not at the next --monitor-interval tick.
+        wake_r, wake_w = socket.socketpair()
+        wake_r.setblocking(False)
+        wake_w.setblocking(False)
+        previous_fd = signal.set_wakeup_fd(wake_w.fileno(), warn_on_full_buffer=False)
+        previous_handler = signal.signal(signal.SIGCHLD, _on_sigchld)
+        self._wake = wake_r
+        try:
+            self._initialize_workers(self._worker_group)
+            while True:
+                self._wait(spec.monitor_interval)
+                result = self._tick()
+                if result is not None:
+                    return result
+        finally:
+            signal.signal(signal.SIGCHLD, previous_handler)
+            signal.set_wakeup_fd(previous_fd)
+            self._wake = None
+            wake_r.close()
+            wake_w.close()
 
     # -- the loop ------------------------------------------------------------------
 
     def _wait(self, timeout: float) -> None:
-        """Sleep up to ``timeout``, waking early when a monitor reports."""
-        select.select([self._monitors.fileno()], [], [], timeout)
+        """Sleep up to ``timeout``, waking early when a monitor reports or a child exits."""
+        watched: list[Any] = [self._monitors.fileno()]
+        if self._wake is not None:
+            watched.append(self._wake)
+        ready, _, _ = select.select(watched, [], [], timeout)
+        if self._wake is not None and self._wake in ready:
+            with contextlib.suppress(BlockingIOError):
+                while self._wake.recv(4096):
+                    pass
 
     def _coordinator(self) -> JobCoordinator:
         assert self._coord is not None, "no rendezvous yet"
