@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -37,20 +38,46 @@ def test_import_without_lightning_then_clear_error(procs: Procs) -> None:
     assert "'pytorch_lightning'" in message
 
 
-@pytest.mark.timeout(120)
-def test_env_var_selects_pytorch_lightning(procs: Procs) -> None:
+@pytest.mark.timeout(150)
+def test_env_var_selects_pytorch_lightning_and_a_fit_works(procs: Procs, tmp_path: Path) -> None:
     out = _run(
         procs,
-        """
-        import pytorch_lightning, lightning.pytorch
+        f"""
+        import logging, torch, pytorch_lightning as pl
+        logging.basicConfig(level=logging.INFO)
+        from torch.utils.data import DataLoader, TensorDataset
         from nvrx.ptl import FaultToleranceCallback, StragglerDetectionCallback
-        print("PL", issubclass(FaultToleranceCallback, pytorch_lightning.Callback),
-              issubclass(StragglerDetectionCallback, pytorch_lightning.Callback),
-              issubclass(FaultToleranceCallback, lightning.pytorch.Callback))
+
+        class Tiny(pl.LightningModule):
+            def __init__(self):
+                super().__init__()
+                self.layer = torch.nn.Linear(2, 1)
+            def training_step(self, batch, batch_idx):
+                return self.layer(batch[0]).pow(2).mean()
+            def validation_step(self, batch, batch_idx):
+                pass
+            def configure_optimizers(self):
+                return torch.optim.SGD(self.parameters(), lr=0.01)
+
+        straggler = StragglerDetectionCallback(report_time_interval=0.05)
+        trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=300, logger=False,
+                             callbacks=[straggler], default_root_dir={str(tmp_path)!r},
+                             enable_checkpointing=False, enable_progress_bar=False,
+                             enable_model_summary=False)
+        data = DataLoader(TensorDataset(torch.randn(16, 2)), batch_size=4)
+        trainer.fit(Tiny(), data)
+        # FT is inert outside fit, so validate needs no monitor
+        ft = FaultToleranceCallback(autoresume=False, calculate_timeouts=True)
+        pl.Trainer(accelerator="cpu", devices=1, logger=False, callbacks=[ft],
+                   enable_progress_bar=False, enable_model_summary=False).validate(Tiny(), data)
+        print("PL", issubclass(FaultToleranceCallback, pl.Callback), trainer.global_step,
+              straggler.initialized)
         """,
         env={"NVRX_PTL_LIGHTNING": "pytorch_lightning"},
     )
-    assert "PL True True False" in out
+    assert "PL True 300 False" in out
+    assert "Straggler detection started" in out
+    assert "Section 'train_step' relative performance" in out
 
 
 def test_lightning_is_the_default(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -5,9 +5,12 @@ from __future__ import annotations
 import json
 import logging
 import re
+import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import lightning.pytorch as pl
 import pytest
 
 from nvrx.ptl import FaultToleranceCallback
@@ -76,6 +79,41 @@ def test_single_process_calculates_and_saves_timeouts_in_the_second_job(
     assert 0 < hb["subsequent"] < ROBUST_TIMEOUTS["rank_heartbeat_timeout"]
     assert flag.exists(), "the finished flag must appear when max_steps is reached"
     assert not [e for e in monitor.events_seen() if e["event"] == "rank_terminated"]
+
+
+@pytest.mark.timeout(120)
+def test_clean_stop_sys_exit_0_calculates_timeouts_without_finishing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, make_monitor: Callable[..., Monitor]
+) -> None:
+    """A preempted job (sys.exit(0)) is not a failure, but it is not the end of training."""
+    monitor = make_monitor(**ROBUST_TIMEOUTS)
+    flag = tmp_path / "finished.flag"
+    monkeypatch.setenv("NVRX_FT_MONITOR_SOCKET", str(monitor.socket_path))
+    monkeypatch.setenv("FAULT_TOL_FINISHED_FLAG_FILE", str(flag))
+    exp_dir, ckpt_dir = tmp_path / "ft", tmp_path / "ckpt"
+
+    class Preempt(pl.Callback):
+        def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
+            if trainer.global_step == 7:
+                sys.exit(0)
+
+    first = FaultToleranceCallback(autoresume=True, calculate_timeouts=True, exp_dir=exp_dir)
+    tiny_fit(tmp_path, [first], max_steps=4, ckpt_dir=ckpt_dir)
+    flag.unlink()
+    second = FaultToleranceCallback(autoresume=True, calculate_timeouts=True, exp_dir=exp_dir)
+    with pytest.raises(SystemExit):
+        tiny_fit(
+            tmp_path,
+            [second, Preempt()],
+            max_steps=100,
+            ckpt_path=str(ckpt_dir / "last.ckpt"),
+            ckpt_dir=ckpt_dir,
+        )
+    assert second.state_machine.is_stop_exception
+    assert second.state_machine.timeouts_updated
+    assert _state(tmp_path)["current_timeouts"]["heartbeat"]["were_calculated"] is True  # type: ignore[index]
+    assert not flag.exists(), "a preempted job did not complete the training"
+    assert not second.is_initialized
 
 
 @pytest.mark.timeout(120)
