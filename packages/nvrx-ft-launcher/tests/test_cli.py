@@ -117,3 +117,12 @@ def test_usage_error_exit_code_of_the_real_command() -> None:
     )
     assert proc.returncode == ExitCode.USAGE_ERROR, proc.stderr
     assert "'abc'" in proc.stderr
+
+
+def test_term_timeout_falls_back_to_torchruns_shutdown_timeout() -> None:
+    from nvrx.launcher.cli import _term_timeout
+
+    parse = get_parser().parse_args
+    assert _term_timeout(parse(["x.py"])) == 1800.0
+    assert _term_timeout(parse(["--shutdown-timeout", "40", "x.py"])) == 40.0
+    assert _term_timeout(parse(["--shutdown-timeout", "40", "--term-timeout", "5", "x.py"])) == 5.0

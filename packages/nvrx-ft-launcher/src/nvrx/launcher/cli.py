@@ -51,6 +51,7 @@ def _number(kind: Callable[[str], Any], *, minimum: float, what: str) -> Callabl
     return convert
 
 
+_TERM_TIMEOUT_DEFAULT = 1800.0
 _SECONDS = _number(float, minimum=0.0, what="a number of seconds >= 0")
 _COUNT = _number(int, minimum=0, what="an integer >= 0")
 _POSITIVE = _number(int, minimum=1, what="an integer >= 1")
@@ -128,8 +129,9 @@ def get_parser() -> argparse.ArgumentParser:
         "--term_timeout",
         action=env,
         type=_SECONDS,
-        default=1800.0,
-        help="seconds between forwarding SIGTERM/SIGINT to the ranks and SIGKILL",
+        default=None,
+        help="seconds between forwarding SIGTERM/SIGINT to the ranks and SIGKILL "
+        f"(default: torchrun's --shutdown-timeout if given, else {_TERM_TIMEOUT_DEFAULT:g})",
     )
     restart.add_argument(
         "--workers-stop-timeout",
@@ -247,7 +249,7 @@ def _options(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Launc
         config=config,
         command=[cmd, *cmd_args],
         ft_config=ft_cfg,
-        term_timeout=args.term_timeout,
+        term_timeout=_term_timeout(args),
         workers_stop_timeout=args.workers_stop_timeout,
         monitor_ready_timeout=args.monitor_ready_timeout,
         rdzv_poll_interval=args.rdzv_poll_interval,
@@ -256,6 +258,15 @@ def _options(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Launc
         progress_file=args.ft_progress_file,
         cycle_log=args.ft_cycle_log,
     )
+
+
+def _term_timeout(args: argparse.Namespace) -> float:
+    if args.term_timeout is not None:
+        return float(args.term_timeout)
+    shutdown_timeout = getattr(args, "shutdown_timeout", None)
+    if shutdown_timeout is not None:
+        return float(shutdown_timeout)
+    return _TERM_TIMEOUT_DEFAULT
 
 
 def _setup_logging() -> None:
