@@ -216,3 +216,27 @@ def test_two_launchers_as_two_nodes_restart_together(start_launcher: Start) -> N
     logs = first.log() + second.log()
     assert "decided here" in logs
     assert "decided by" in logs
+
+
+@pytest.mark.timeout(180)
+def test_excluded_node_leaves_and_the_other_carries_on(start_launcher: Start) -> None:
+    port = free_port()
+    common = [
+        "--nnodes", "1:2", "--nproc-per-node", "1", "--max-restarts", "2",
+        "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
+        "--rdzv-id", "exclusion", "--local-addr", "127.0.0.1",
+    ]  # fmt: skip
+    # Cycle 0: the first node alone; cycle 1: both (the second joined); rank 1, on the
+    # second node, then asks to exclude its node.
+    script = ["--steps", "30", "--step-time", "0.05", "--fault", "exclude:1:3:1", "--no-checkpoint"]
+    conf = "last_call_timeout=1,is_host="
+    first = start_launcher([*common, "--rdzv-conf", conf + "1"], script, name="node0")
+    wait_for(lambda: "starting 1 worker" in first.log(), what="the first node to start")
+    second = start_launcher([*common, "--rdzv-conf", conf + "0"], script, name="node1")
+    assert second.wait() == ExitCode.NODE_EXCLUDED, second.log()
+    assert first.wait() == ExitCode.SUCCESS, first.log() + second.log()
+    assert "requests ExcludeThisNode" in second.log()
+    # The remaining node restarted alone (world size 1) and finished the training.
+    assert [e["world"] for e in _events(first, "start", cycle=1)] == [2, 2]
+    assert [e["world"] for e in _events(first, "start", cycle=2)] == [1]
+    assert _events(first, "done", cycle=2)
