@@ -235,3 +235,23 @@ def test_both_ft_callbacks_together_are_rejected(tmp_path: Path) -> None:
         tiny_fit(tmp_path, [heartbeats, sections])
     assert not heartbeats.is_initialized
     assert not sections.is_initialized
+
+
+@pytest.mark.timeout(120)
+def test_default_dir_inside_a_logger_version_is_flagged(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    make_monitor: Callable[..., Monitor],
+) -> None:
+    from lightning.pytorch.loggers import CSVLogger
+
+    monitor = make_monitor(**ROBUST_TIMEOUTS)
+    monkeypatch.setenv("NVRX_FT_MONITOR_SOCKET", str(monitor.socket_path))
+    callback = FaultToleranceCallback(
+        autoresume=False, calculate_timeouts=True, logger_name="test.ft.dir"
+    )
+    with caplog.at_level(logging.INFO, logger="test.ft.dir"):
+        tiny_fit(tmp_path, [callback], max_steps=2, logger=CSVLogger(tmp_path, name="csv"))
+    assert (tmp_path / "csv" / "version_0" / "ft_state").is_dir()
+    assert "will not find the calculated timeouts. Pass exp_dir=" in caplog.text

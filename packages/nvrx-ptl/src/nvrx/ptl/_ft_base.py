@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -133,9 +134,16 @@ class FtCallbackBase(Callback):
             ft_dir = self.exp_dir
         else:
             log_dir = trainer.log_dir
-            ft_dir = (
-                Path(log_dir if log_dir is not None else trainer.default_root_dir) / FT_DIR_NAME
-            )
+            base = Path(log_dir if log_dir is not None else trainer.default_root_dir)
+            ft_dir = base / FT_DIR_NAME
+            if self.calculate_timeouts and re.fullmatch(r"version_\d+", base.name):
+                self._log0(
+                    logging.WARNING,
+                    "The FT state goes to %s, inside this run's logger version directory: the "
+                    "next job gets a new version and will not find the calculated timeouts. "
+                    "Pass exp_dir= (a directory every job of this training sees).",
+                    ft_dir,
+                )
         ft_dir.mkdir(parents=True, exist_ok=True)
         return ft_dir
 
