@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import re
 import signal
 from collections.abc import Callable
 from typing import Any
@@ -75,30 +76,32 @@ def test_crashed_rank_is_restarted_and_resumes(
 
 
 @pytest.mark.timeout(150)
+@pytest.mark.parametrize("exit0_on_sigterm", [False, True])
 def test_hung_rank_is_killed_by_its_monitor_and_job_restarts(
-    start_launcher: Start, tmp_path: Any
+    start_launcher: Start, tmp_path: Any, exit0_on_sigterm: bool
 ) -> None:
+    # With exit0_on_sigterm the ranks exit 0 when their monitor terminates them
+    # (as Lightning does): that is still a failure, never "finished successfully".
     cycle_log = tmp_path / "cycles.jsonl"
     launcher = start_launcher(
         [
-            "--nproc-per-node",
-            "2",
-            "--max-restarts",
-            "1",
-            "--ft-rank-heartbeat-timeout",
-            "2",
-            "--ft-cycle-log",
-            str(cycle_log),
+            "--nproc-per-node", "2", "--max-restarts", "1",
+            "--ft-rank-heartbeat-timeout", "2", "--ft-cycle-log", str(cycle_log),
         ],
-        ["--steps", "6", "--fault", "hang:1:3"],
-    )
+        ["--steps", "6", "--fault", "hang:1:3"]
+        + (["--exit0-on-sigterm"] if exit0_on_sigterm else []),
+    )  # fmt: skip
     assert launcher.wait() == ExitCode.SUCCESS, launcher.log()
     _assert_resumed_and_finished(launcher, steps=6, world=2)
     log = launcher.log()
     assert "heartbeat_timeout" in log
     records = [json.loads(line) for line in cycle_log.read_text().splitlines()]
     restart = next(r for r in records if r["action"] == "restart")
-    assert "heartbeat_timeout" in restart["reason"]
+    assert re.search(
+        r"rank 1 \(local rank 1, pid \d+\) (exited with code 0|was killed by signal SIGTERM); "
+        r"its monitor terminated it: heartbeat_timeout",
+        restart["reason"],
+    ), restart["reason"]
     assert restart["charged"] is True
     assert restart["workers_started"] >= restart["rendezvous_done"] >= restart["workers_stopped"]
 

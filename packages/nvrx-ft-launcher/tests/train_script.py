@@ -65,9 +65,13 @@ def main() -> int:
     parser.add_argument("--fault", default=None)
     parser.add_argument("--no-checkpoint", action="store_true")
     parser.add_argument("--ignore-sigterm", action="store_true")
+    parser.add_argument("--exit0-on-sigterm", action="store_true")
     args = parser.parse_args()
     if args.ignore_sigterm:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if args.exit0_on_sigterm:
+        # Like Lightning: a SIGTERM ends the rank "cleanly".
+        signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
 
     rank = int(os.environ["RANK"])
     cycle = int(os.environ["TORCHELASTIC_RESTART_COUNT"])

@@ -218,7 +218,8 @@ class FtAgent(LocalElasticAgent):
 
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
         # Unlike torch's, this never stops the siblings of a failed rank itself: the
-        # decision does, with --workers-stop-timeout.
+        # decision does, with --workers-stop-timeout. A rank its monitor terminated has
+        # failed whatever its exit code (a SIGTERM handler may well exit 0).
         pc = self._pcontext
         if not isinstance(pc, SubprocessContext):
             raise TypeError(f"workers must run as subprocesses, got {type(pc).__name__}")
@@ -228,7 +229,7 @@ class FtAgent(LocalElasticAgent):
             exitcode = handler.proc.poll()
             if exitcode is None:
                 running = True
-            elif exitcode != 0:
+            elif exitcode != 0 or local_rank in self._cycle.terminated:
                 worker = worker_group.workers[local_rank]
                 failures[worker.global_rank] = ProcessFailure(
                     local_rank=local_rank,
