@@ -255,3 +255,39 @@ def test_default_dir_inside_a_logger_version_is_flagged(
         tiny_fit(tmp_path, [callback], max_steps=2, logger=CSVLogger(tmp_path, name="csv"))
     assert (tmp_path / "csv" / "version_0" / "ft_state").is_dir()
     assert "will not find the calculated timeouts. Pass exp_dir=" in caplog.text
+
+
+@pytest.mark.timeout(120)
+def test_a_failed_timeouts_update_never_fails_the_job(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    make_monitor: Callable[..., Monitor],
+) -> None:
+    monitor = make_monitor(**ROBUST_TIMEOUTS)
+    flag = tmp_path / "finished.flag"
+    monkeypatch.setenv("NVRX_FT_MONITOR_SOCKET", str(monitor.socket_path))
+    monkeypatch.setenv("FAULT_TOL_FINISHED_FLAG_FILE", str(flag))
+    exp_dir, ckpt_dir = tmp_path / "ft", tmp_path / "ckpt"
+
+    class BlockStateFile(pl.Callback):
+        def on_train_start(self, *args: Any) -> None:
+            (exp_dir / FT_STATE_FILENAME).mkdir()  # the state file cannot be written now
+
+    first = FaultToleranceCallback(autoresume=True, calculate_timeouts=True, exp_dir=exp_dir)
+    tiny_fit(tmp_path, [first], max_steps=4, ckpt_dir=ckpt_dir)
+    flag.unlink()
+    second = FaultToleranceCallback(
+        autoresume=True, calculate_timeouts=True, exp_dir=exp_dir, logger_name="test.ft.fail"
+    )
+    with caplog.at_level(logging.INFO, logger="test.ft.fail"):
+        tiny_fit(
+            tmp_path,
+            [second, BlockStateFile()],
+            max_steps=8,
+            ckpt_path=str(ckpt_dir / "last.ckpt"),
+            ckpt_dir=ckpt_dir,
+        )
+    assert "FT timeouts not updated: IsADirectoryError" in caplog.text, caplog.text
+    assert flag.exists(), "training completed: the flag is there despite the failed update"
+    assert not second.is_initialized, "FT was shut down all the same"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -203,6 +204,13 @@ class FtCallbackBase(Callback):
             return
         save_ft_state(self.state_file_path, client.state_dict())
         self._log0(logging.INFO, "Fault tolerance state saved to %s", self.state_file_path)
+
+    def _update_timeouts_safely(self, update: Callable[[], None]) -> None:
+        """Run a timeouts update; a failure is logged and never fails the job."""
+        try:
+            update()
+        except Exception as exc:
+            self._log_own(logging.ERROR, "FT timeouts not updated: %r", exc)
 
     def _create_finished_flag_file(self) -> None:
         flag = os.environ.get(FINISHED_FLAG_ENV, "")

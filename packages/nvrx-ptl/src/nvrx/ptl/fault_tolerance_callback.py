@@ -87,16 +87,18 @@ class FaultToleranceCallback(FtCallbackBase):
         """End of fit: finished flag, last heartbeat, timeouts update, disconnect."""
         if stage != "fit" or not self.is_initialized:
             return
-        self.state_machine.on_teardown()
-        if (
-            self.autoresume
-            and self._is_rank0
-            and self.state_machine.is_training_completed(progress_from_trainer(trainer))
-        ):
-            self._create_finished_flag_file()
-        self._heartbeat()
-        self._maybe_update_timeouts()
-        self._shutdown_fault_tolerance()
+        try:
+            self.state_machine.on_teardown()
+            if (
+                self.autoresume
+                and self._is_rank0
+                and self.state_machine.is_training_completed(progress_from_trainer(trainer))
+            ):
+                self._create_finished_flag_file()
+            self._heartbeat()
+            self._update_timeouts_safely(self._maybe_update_timeouts)
+        finally:
+            self._shutdown_fault_tolerance()
 
     def on_exception(
         self, trainer: Trainer, pl_module: LightningModule, exception: BaseException
@@ -104,10 +106,12 @@ class FaultToleranceCallback(FtCallbackBase):
         """An exception ends fit: heartbeat, timeouts update on a clean stop, disconnect."""
         if not self.is_initialized:
             return
-        self.state_machine.on_exception(exception)
-        self._heartbeat()
-        self._maybe_update_timeouts()
-        self._shutdown_fault_tolerance()
+        try:
+            self.state_machine.on_exception(exception)
+            self._heartbeat()
+            self._update_timeouts_safely(self._maybe_update_timeouts)
+        finally:
+            self._shutdown_fault_tolerance()
 
     # -- heartbeats --------------------------------------------------------------------------
 

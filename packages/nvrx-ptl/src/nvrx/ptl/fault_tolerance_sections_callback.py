@@ -9,7 +9,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from nvrx.ft import WorkloadAction, WorkloadControlRequest
+from nvrx.ft import RankMonitorClientError, WorkloadAction, WorkloadControlRequest
 
 from ._compat import LightningModule, Trainer
 from ._ft_base import FtCallbackBase, progress_from_trainer
@@ -174,16 +174,18 @@ class FaultToleranceSectionsCallback(FtCallbackBase):
         """End of fit: finished flag, last timeouts update, close sections, disconnect."""
         if stage != "fit" or not self.is_initialized:
             return
-        self.state_machine.on_teardown()
-        if (
-            self.autoresume
-            and self._is_rank0
-            and self.state_machine.is_training_completed(progress_from_trainer(trainer))
-        ):
-            self._create_finished_flag_file()
-        self._close_setup_section()
-        self._maybe_update_timeouts(is_final=True)
-        self._finish()
+        try:
+            self.state_machine.on_teardown()
+            if (
+                self.autoresume
+                and self._is_rank0
+                and self.state_machine.is_training_completed(progress_from_trainer(trainer))
+            ):
+                self._create_finished_flag_file()
+            self._close_setup_section()
+            self._update_timeouts_safely(lambda: self._maybe_update_timeouts(is_final=True))
+        finally:
+            self._finish()
 
     def on_exception(
         self, trainer: Trainer, pl_module: LightningModule, exception: BaseException
@@ -191,12 +193,14 @@ class FaultToleranceSectionsCallback(FtCallbackBase):
         """Close sections, update timeouts on a clean stop, apply the exception policy."""
         if not self.is_initialized:
             return
-        self.state_machine.on_exception(exception)
-        self._close_setup_section()
-        self._maybe_update_timeouts(is_final=True)
-        if self.exc_handling_policy is not None and not is_clean_stop(exception):
-            self._apply_exc_policy(exception)
-        self._finish()
+        try:
+            self.state_machine.on_exception(exception)
+            self._close_setup_section()
+            self._update_timeouts_safely(lambda: self._maybe_update_timeouts(is_final=True))
+            if self.exc_handling_policy is not None and not is_clean_stop(exception):
+                self._apply_exc_policy(exception)
+        finally:
+            self._finish()
 
     def _apply_exc_policy(self, exception: BaseException) -> None:
         assert self.exc_handling_policy is not None
@@ -215,7 +219,10 @@ class FaultToleranceSectionsCallback(FtCallbackBase):
             )
             return
         self._log_own(logging.WARNING, "Exception %r: sending %s", exception, request)
-        client.send_workload_control_request(request)
+        try:
+            client.send_workload_control_request(request)
+        except RankMonitorClientError as exc:  # must not hide the original exception either
+            self._log_own(logging.ERROR, "Could not send %s: %s", request, exc)
         if request.action == WorkloadAction.ShutdownWorkload and self.autoresume:
             self._log_own(
                 logging.WARNING, "Shutdown workload requested, so creating the finished flag file"
@@ -253,7 +260,7 @@ class FaultToleranceSectionsCallback(FtCallbackBase):
         if self.fault_tol_client is None:
             return
         if self.last_timeouts_upd_iter < self.last_checkpoint_iter:
-            self._maybe_update_timeouts(is_final=False)
+            self._update_timeouts_safely(lambda: self._maybe_update_timeouts(is_final=False))
             self.last_timeouts_upd_iter = trainer.global_step
 
     def on_validation_batch_start(
