@@ -50,6 +50,7 @@ def _cfg(tmp_path: Path, **extra: object) -> dict[str, object]:
         ({"profiling_interval": 0}, "profiling_interval"),
         ({"num_gpu_perf_scores_to_print": -1}, "num_gpu_perf_scores_to_print"),
         ({"calc_relative_gpu_perf": False, "calc_individual_gpu_perf": False}, "calc_"),
+        ({"gather_on_rank0": "yes"}, "gather_on_rank0"),
     ],
 )
 def test_bad_arguments_name_the_field(kwargs: dict[str, object], field: str) -> None:
@@ -145,3 +146,30 @@ def test_slow_rank_is_flagged_logged_and_training_stopped_on_ddp(
     assert 0 < int(step) < 1000  # type: ignore[call-overload]
     saved = list((tmp_path / "ckpt").glob("last-straggler-stop-step=*.ckpt"))
     assert [p.name for p in saved] == [f"last-straggler-stop-step={step}.ckpt"]
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.timeout(300)
+def test_without_gather_each_rank_judges_itself(tmp_path: Path, procs: Procs) -> None:
+    cfg = _cfg(
+        tmp_path,
+        slow_rank=1,
+        slow_sleep=0.06,
+        max_steps=1000,
+        straggler={
+            "report_time_interval": 1.0,
+            "gather_on_rank0": False,
+            "stop_if_detected": True,
+        },
+    )
+    rc, out = run_torchrun(procs, cfg)
+    assert rc == 0, out
+    warnings = [line for line in out.splitlines() if "STRAGGLER DETECTION WARNING" in line]
+    assert warnings, out
+    assert all("@rank1]" in w and "rank 1 (" in w for w in warnings), warnings
+    assert "Rank=1 Node=" in out  # rank 1's own table
+    assert "Detected stragglers. Stopping training" in out, "rank 0 learns it through the reduce"
+    steps = {r["global_step"] for r in results(out).values()}
+    assert len(steps) == 1
+    assert 0 < int(next(iter(steps))) < 1000  # type: ignore[call-overload]

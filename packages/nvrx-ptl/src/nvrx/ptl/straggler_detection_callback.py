@@ -65,6 +65,9 @@ class StragglerDetectionCallback(Callback):
         section_relative_perf_threshold: straggler threshold of relative section scores.
         section_individual_perf_threshold: straggler threshold of individual section
             scores.
+        gather_on_rank0: gather every rank's scores on rank 0, which reports for the
+            job (default). With False nothing is gathered: each rank judges and logs
+            only itself, and the loggers get rank 0's own scores.
     """
 
     def __init__(
@@ -81,6 +84,7 @@ class StragglerDetectionCallback(Callback):
         logger_name: str | None = "nemo_logger.StragglerDetectionCallback",
         section_relative_perf_threshold: float = 0.7,
         section_individual_perf_threshold: float = 0.7,
+        gather_on_rank0: bool = True,
     ) -> None:
         super().__init__()
         if (
@@ -124,6 +128,9 @@ class StragglerDetectionCallback(Callback):
         self.gpu_individual_perf_threshold = float(gpu_individual_perf_threshold)
         self.section_relative_perf_threshold = float(section_relative_perf_threshold)
         self.section_individual_perf_threshold = float(section_individual_perf_threshold)
+        if not isinstance(gather_on_rank0, bool):
+            raise ValueError(f"gather_on_rank0 must be a bool, got {gather_on_rank0!r}")
+        self.gather_on_rank0 = gather_on_rank0
         self.stop_if_detected = stop_if_detected
         self.enable_ptl_logging = enable_ptl_logging
         self.profiling_interval = profiling_interval
@@ -142,6 +149,11 @@ class StragglerDetectionCallback(Callback):
         if self._is_rank0:
             self.logger.log(level, f"[StragglerDetectionCallback@rank0] {msg}", *args)
 
+    def _log_report(self, level: int, msg: str, *args: object) -> None:
+        """Report messages: rank 0 speaks for the job, or each rank for itself without gather."""
+        if self._is_rank0 or not self.gather_on_rank0:
+            self.logger.log(level, f"[StragglerDetectionCallback@rank{self._rank}] {msg}", *args)
+
     # -- life cycle --------------------------------------------------------------------------
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
@@ -153,7 +165,7 @@ class StragglerDetectionCallback(Callback):
         if not Detector.initialized:
             Detector.initialize(
                 scores_to_compute=self.scores_to_compute,
-                gather_on_rank0=True,
+                gather_on_rank0=self.gather_on_rank0,
                 profiling_interval=self.profiling_interval,
                 report_time_interval=self.report_time_interval,
             )
@@ -253,7 +265,7 @@ class StragglerDetectionCallback(Callback):
         if not Detector.is_interval_elapsed():
             return
         found = False
-        if report is not None and trainer.is_global_zero:
+        if report is not None and (trainer.is_global_zero or not self.gather_on_rank0):
             found = self._handle_report(trainer, report)
         if self.stop_if_detected and trainer.strategy.reduce_boolean_decision(found, all=False):
             self._stop_training(trainer)
@@ -276,7 +288,7 @@ class StragglerDetectionCallback(Callback):
         warn = logging.WARNING
         if stragglers["straggler_gpus_relative"]:
             found = True
-            self._log0(
+            self._log_report(
                 warn,
                 "STRAGGLER DETECTION WARNING: Some GPUs have worse relative performance. "
                 "Affected ranks: %s",
@@ -284,14 +296,14 @@ class StragglerDetectionCallback(Callback):
             )
         if stragglers["straggler_gpus_individual"]:
             found = True
-            self._log0(
+            self._log_report(
                 warn,
                 "STRAGGLER DETECTION WARNING: Some GPUs performance dropped. Affected ranks: %s",
                 _ranks(stragglers["straggler_gpus_individual"]),
             )
         for section, ids in sorted(stragglers["straggler_sections_relative"].items()):
             found = True
-            self._log0(
+            self._log_report(
                 warn,
                 "STRAGGLER DETECTION WARNING: Section %r is slower on some ranks than on the "
                 "fastest one. Affected ranks: %s",
@@ -300,7 +312,7 @@ class StragglerDetectionCallback(Callback):
             )
         for section, ids in sorted(stragglers["straggler_sections_individual"].items()):
             found = True
-            self._log0(
+            self._log_report(
                 warn,
                 "STRAGGLER DETECTION WARNING: Section %r got slower than its own best on some "
                 "ranks. Affected ranks: %s",
@@ -313,7 +325,7 @@ class StragglerDetectionCallback(Callback):
         )
         if no_gpu_scores and not self._told_no_gpu_scores:
             self._told_no_gpu_scores = True
-            self._log0(
+            self._log_report(
                 logging.INFO,
                 "No GPU performance scores (no GPU kernels recorded: needs a GPU and CUPTI); "
                 "using section scores",
@@ -322,7 +334,7 @@ class StragglerDetectionCallback(Callback):
             if no_gpu_scores and missing.score.startswith("gpu"):
                 continue
             where = f" in section {missing.section!r}" if missing.section else ""
-            self._log0(
+            self._log_report(
                 logging.INFO,
                 "Rank %d has no %s score%s: %s",
                 missing.rank,
@@ -338,7 +350,7 @@ class StragglerDetectionCallback(Callback):
                 if scores
             ]
             if tables:
-                self._log0(logging.INFO, "Straggler report:\n%s", "".join(tables))
+                self._log_report(logging.INFO, "Straggler report:\n%s", "".join(tables))
         if self.enable_ptl_logging:
             self._log_to_loggers(trainer, score_sets)
         return found
