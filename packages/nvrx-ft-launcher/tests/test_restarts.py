@@ -73,6 +73,29 @@ def test_crashed_rank_is_restarted_and_resumes(
     if fault == "raise":
         stderr = next(log_dir.glob("*/attempt_0/1/stderr.log")).read_text()
         assert "injected failure at step 3" in stderr
+    # The journal (default: in --log-dir) tells the whole story in JSON.
+    journal = [json.loads(line) for line in (log_dir / "ft_launcher_events.jsonl").open()]
+    kinds = [e["event"] for e in journal]
+    assert kinds[0] == "run_start"
+    assert kinds[-1] == "finished"
+    assert journal[-1]["exit_code"] == 0
+    assert kinds.count("workers_started") == 2
+    failed = next(e for e in journal if e["event"] == "rank_failed")
+    assert (failed["rank"], failed["local_rank"]) == (1, 1)
+    if fault == "sigkill":
+        assert failed["signal"] == "SIGKILL"
+    else:
+        assert failed["exit_code"] == (1 if fault == "raise" else 3)
+    decision = next(e for e in journal if e["event"] == "decision")
+    assert (decision["action"], decision["charged"], decision["restart_count"]) == (
+        "restart",
+        True,
+        1,
+    )
+    restart = next(e for e in journal if e["event"] == "restart")
+    assert restart["cycle"] == 1
+    for phase in ("stop_s", "rendezvous_s", "spawn_s"):
+        assert restart[phase] >= 0
 
 
 @pytest.mark.timeout(150)
@@ -243,3 +266,26 @@ def test_excluded_node_leaves_and_the_other_carries_on(start_launcher: Start) ->
     assert [e["world"] for e in _events(first, "start", cycle=1)] == [2, 2]
     assert [e["world"] for e in _events(first, "start", cycle=2)] == [1]
     assert _events(first, "done", cycle=2)
+
+
+@pytest.mark.timeout(120)
+def test_rendezvous_timeout_is_a_launcher_error_with_a_final_record(
+    start_launcher: Start, tmp_path: pathlib.Path
+) -> None:
+    cycle_log = tmp_path / "cycles.jsonl"
+    launcher = start_launcher(
+        [
+            "--nnodes", "2", "--nproc-per-node", "1",
+            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
+            "--rdzv-id", "alone", "--rdzv-conf", "join_timeout=2",
+            "--ft-cycle-log", str(cycle_log),
+        ],
+        ["--steps", "3"],
+    )  # fmt: skip
+    assert launcher.wait() == ExitCode.LAUNCHER_ERROR, launcher.log()
+    records = [json.loads(line) for line in cycle_log.read_text().splitlines()]
+    assert len(records) == 1
+    assert records[0]["action"] == "stop"
+    assert records[0]["exit_code"] == ExitCode.LAUNCHER_ERROR
+    assert records[0]["reason"] == "the rendezvous timed out after 2 s waiting for 2 node(s)"
+    assert launcher.monitor_pids() == []

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import logging
 import math
 import os
@@ -45,6 +44,7 @@ from nvrx.ft import MonitorEvent
 
 from .coordination import Action, Decision, JobCoordinator, JobState
 from .exit_codes import ExitCode
+from .journal import JsonLines
 from .monitors import MonitorSupervisor
 from .progress import made_progress, read_progress
 
@@ -72,7 +72,6 @@ class RestartPolicy:
     max_no_progress_restarts: int
     min_progress_iterations: int
     progress_file: str | None = None
-    cycle_log: str | None = None
     exit_barrier_timeout: float = 300.0
 
 
@@ -85,18 +84,23 @@ class _Cycle:
     progress: int | None
     connected: set[int] = dataclasses.field(default_factory=set)
     terminated: dict[int, MonitorEvent] = dataclasses.field(default_factory=dict)
+    first_report: float | None = None
 
 
 def _on_sigchld(signum: int, frame: object) -> None:
     """Nothing to do here: the wakeup fd already woke the run loop."""
 
 
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return str(signum)
+
+
 def _describe_exit(exitcode: int) -> str:
     if exitcode < 0:
-        try:
-            return f"was killed by signal {signal.Signals(-exitcode).name}"
-        except ValueError:
-            return f"was killed by signal {-exitcode}"
+        return f"was killed by signal {_signal_name(-exitcode)}"
     return f"exited with code {exitcode}"
 
 
@@ -120,6 +124,8 @@ class FtAgent(LocalElasticAgent):
         monitors: MonitorSupervisor,
         *,
         term_timeout: float,
+        journal: JsonLines,
+        cycle_log: JsonLines,
         start_method: str = "spawn",
         log_line_prefix_template: str | None = None,
     ) -> None:
@@ -134,6 +140,9 @@ class FtAgent(LocalElasticAgent):
         self._policy = policy
         self._monitors = monitors
         self._node = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self._journal = journal
+        self._cycle_log = cycle_log
+        journal.node = cycle_log.node = self._node
         self._coord: JobCoordinator | None = None
         self._state = JobState()
         self._cycle = _Cycle(number=0, started=time.time(), progress=None)
@@ -201,7 +210,17 @@ class FtAgent(LocalElasticAgent):
             progress=read_progress(self._policy.progress_file),
         )
         worker_ids: dict[int, Any] = super()._start_workers(worker_group)
-        logger.debug("workers started: %s", worker_ids)
+        self._journal.write(
+            {
+                "event": "workers_started",
+                "cycle": self._cycle.number,
+                "restart_count": self._state.cycle,
+                "group_rank": worker_group.group_rank,
+                "group_world_size": worker_group.group_world_size,
+                "ranks": {w.local_rank: w.global_rank for w in worker_group.workers},
+                "pids": worker_ids,
+            }
+        )
         return worker_ids
 
     def _shutdown(self, death_sig: signal.Signals = signal.SIGTERM, timeout: int = 30) -> None:
@@ -304,6 +323,22 @@ class FtAgent(LocalElasticAgent):
                 self._cycle.connected.discard(event.local_rank)
             elif event.event == "rank_terminated":
                 self._cycle.terminated[event.local_rank] = event
+                if self._cycle.first_report is None:
+                    self._cycle.first_report = noticed
+                self._journal.write(
+                    {
+                        "event": "rank_terminated_by_monitor",
+                        "cycle": self._cycle.number,
+                        "rank": event.rank,
+                        "local_rank": event.local_rank,
+                        "pid": event.pid,
+                        "cause": event.cause,
+                        "section": event.section,
+                        "observed_s": event.observed_s,
+                        "limit_s": event.limit_s,
+                        "message": event.message,
+                    }
+                )
                 logger.warning(
                     "monitor of local rank %d is terminating rank %d (pid %d): %s",
                     event.local_rank,
@@ -320,6 +355,17 @@ class FtAgent(LocalElasticAgent):
                     event.action,
                     event.description,
                 )
+                self._journal.write(
+                    {
+                        "event": "workload_control",
+                        "cycle": self._cycle.number,
+                        "rank": event.rank,
+                        "local_rank": event.local_rank,
+                        "pid": event.pid,
+                        "action": event.action,
+                        "description": event.description,
+                    }
+                )
                 if event.action == "ShutdownWorkload":
                     shutdown = shutdown or event
                 elif event.action == "ExcludeThisNode":
@@ -332,6 +378,15 @@ class FtAgent(LocalElasticAgent):
                 local_rank,
                 code,
                 " and restarting, since its rank was unwatched" if served else "",
+            )
+            self._journal.write(
+                {
+                    "event": "monitor_died",
+                    "cycle": self._cycle.number,
+                    "local_rank": local_rank,
+                    "exit_code": code,
+                    "rank_was_connected": served,
+                }
             )
             self._monitors.replace(local_rank)
             if served:
@@ -365,6 +420,7 @@ class FtAgent(LocalElasticAgent):
         result = self._monitor_workers(wg)
         if result.state == WorkerState.FAILED:
             causes.extend(self._describe_failures(result))
+            self._journal_failures(result)
         if causes:
             reason = f"on node {self._node}: " + "; ".join(causes)
             decision = coord.decide(cycle, lambda state: self._after_failure(state, reason))
@@ -396,7 +452,34 @@ class FtAgent(LocalElasticAgent):
             if event is not None:
                 text += "; " + _describe_termination(event)
             out.append(text)
+        failed = {f.local_rank for f in result.failures.values()}
+        for local_rank, event in sorted(self._cycle.terminated.items()):
+            if local_rank not in failed:
+                out.append(
+                    f"rank {event.rank} (local rank {local_rank}, pid {event.pid}) is being "
+                    f"stopped; {_describe_termination(event)}"
+                )
         return out
+
+    def _journal_failures(self, result: RunResult) -> None:
+        for global_rank, failure in sorted(result.failures.items()):
+            event = self._cycle.terminated.get(failure.local_rank)
+            code = failure.exitcode
+            self._journal.write(
+                {
+                    "event": "rank_failed",
+                    "cycle": self._cycle.number,
+                    "rank": global_rank,
+                    "local_rank": failure.local_rank,
+                    "pid": failure.pid,
+                    "exit_code": code if code >= 0 else None,
+                    "signal": _signal_name(-code) if code < 0 else None,
+                    "monitor_cause": event.cause if event else None,
+                    "section": event.section if event else None,
+                    "observed_s": event.observed_s if event else None,
+                    "limit_s": event.limit_s if event else None,
+                }
+            )
 
     # -- decisions (computed by the node that claims the cycle) ---------------------
 
@@ -450,28 +533,43 @@ class FtAgent(LocalElasticAgent):
     ) -> RunResult | None:
         wg = self._worker_group
         local = decision.node == self._node
+        excluded = excluded_by_request or decision.excluded_node == self._node
+        action = "exclude" if excluded else decision.action.value
+        exit_code = int(ExitCode.NODE_EXCLUDED) if excluded else decision.exit_code
+        self._journal.write(
+            {
+                "event": "decision",
+                "cycle": self._cycle.number,
+                "action": action,
+                "reason": decision.reason,
+                "decided_by": decision.node,
+                "charged": decision.charged,
+                "restart_count": decision.state.cycle,
+                "restarts_charged": decision.state.charged,
+                "exit_code": None if action == "restart" else exit_code,
+            }
+        )
         t0 = time.time()
         self._stop_workers(wg)
         wg.state = WorkerState.STOPPED
         stopped = time.time()
         record: dict[str, Any] = {
             "cycle": self._cycle.number,
-            "action": decision.action.value,
+            "action": action,
             "reason": decision.reason,
             "decided_by": decision.node,
-            "node": self._node,
             "charged": decision.charged,
             "failure_noticed": noticed,
             "workers_stopped": stopped,
         }
-        if excluded_by_request or decision.excluded_node == self._node:
-            self._log_cycle(record)
-            self._leave_rendezvous()
-            raise LauncherExit(int(ExitCode.NODE_EXCLUDED), decision.reason)
-        if decision.action is not Action.RESTART:
-            self._close_rendezvous()
-            self._log_cycle(record)
-            raise LauncherExit(decision.exit_code, decision.reason)
+        if action != "restart":
+            record["exit_code"] = exit_code
+            self._cycle_log.write(record)
+            if excluded:
+                self._leave_rendezvous()
+            else:
+                self._close_rendezvous()
+            raise LauncherExit(exit_code, decision.reason)
 
         self._state = decision.state
         budget = (
@@ -487,7 +585,13 @@ class FtAgent(LocalElasticAgent):
             "decided here" if local else f"decided by {decision.node}",
             decision.reason,
         )
-        self._rendezvous(wg)
+        detect = None if self._cycle.first_report is None else noticed - self._cycle.first_report
+        try:
+            self._rendezvous(wg)
+        except BaseException as exc:
+            record["failed"] = f"{type(exc).__name__}: {exc}"
+            self._cycle_log.write(record)
+            raise
         rendezvous_done = time.time()
         worker_ids = self._start_workers(wg)
         for local_rank, worker_id in worker_ids.items():
@@ -504,7 +608,24 @@ class FtAgent(LocalElasticAgent):
             started - rendezvous_done,
             decision.state.cycle,
         )
-        self._log_cycle(record)
+        self._cycle_log.write(record)
+        self._journal.write(
+            {
+                "event": "restart",
+                "from_cycle": record["cycle"],
+                "cycle": decision.state.cycle,
+                "charged": decision.charged,
+                "detect_s": detect,
+                "stop_s": stopped - t0,
+                "rendezvous_s": rendezvous_done - stopped,
+                "spawn_s": started - rendezvous_done,
+                "total_s": started - noticed,
+                "failure_noticed": noticed,
+                "workers_stopped": stopped,
+                "rendezvous_done": rendezvous_done,
+                "workers_started": started,
+            }
+        )
         return None
 
     def _finish(self, result: RunResult) -> RunResult | None:
@@ -528,9 +649,7 @@ class FtAgent(LocalElasticAgent):
                 break
             self._wait(self._worker_group.spec.monitor_interval)
             self._monitors.drain_events()
-        self._log_cycle(
-            {"cycle": cycle, "action": "finish", "node": self._node, "finished": time.time()}
-        )
+        self._cycle_log.write({"cycle": cycle, "action": "finish", "finished": time.time()})
         self._close_rendezvous()
         coord.leave(cycle, world)
         logger.debug("left the job")
@@ -568,13 +687,3 @@ class FtAgent(LocalElasticAgent):
             handler._op_executor.run(_RendezvousExitOp(), time.monotonic() + 10.0)
         except Exception as exc:  # best effort: the keep-alive expiry is the fallback
             logger.warning("could not leave the rendezvous promptly: %s", exc)
-
-    def _log_cycle(self, record: dict[str, Any]) -> None:
-        path = self._policy.cycle_log
-        if path is None:
-            return
-        try:
-            with open(path, "a", encoding="utf-8") as stream:
-                stream.write(json.dumps(record, sort_keys=True) + "\n")
-        except OSError as exc:
-            logger.warning("could not write the cycle log %s: %s", path, exc)

@@ -190,7 +190,16 @@ def get_parser() -> argparse.ArgumentParser:
         "--ft-cycle_log",
         dest="ft_cycle_log",
         default=None,
-        help="append one JSON line per cycle (cause, decision, timestamps) to this file",
+        help="append one JSON line per cycle end (cause, decision, timestamps) to this file",
+    )
+    restart.add_argument(
+        "--ft-journal",
+        "--ft_journal",
+        dest="ft_journal",
+        default=None,
+        help="append one JSON line per launcher event (start, failures with causes, "
+        "decisions, restarts with timings, outcome) to this file (default: "
+        "<--log-dir>/ft_launcher_events.jsonl when --log-dir is given)",
     )
 
     ft = parser.add_argument_group(
@@ -257,6 +266,8 @@ def _options(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Launc
         min_progress_iterations=args.ft_min_progress_iterations,
         progress_file=args.ft_progress_file,
         cycle_log=args.ft_cycle_log,
+        journal=args.ft_journal
+        or (os.path.join(args.log_dir, "ft_launcher_events.jsonl") if args.log_dir else None),
     )
 
 

@@ -20,7 +20,12 @@ from torch.distributed.elastic.agent.server.api import WorkerSpec
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.rendezvous import RendezvousParameters
 from torch.distributed.elastic.rendezvous import registry as rdzv_registry
-from torch.distributed.elastic.rendezvous.api import RendezvousError, RendezvousHandler
+from torch.distributed.elastic.rendezvous.api import (
+    RendezvousError,
+    RendezvousHandler,
+    RendezvousTimeoutError,
+)
+from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
 from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 from torch.distributed.launcher.api import LaunchConfig
 
@@ -28,6 +33,7 @@ from nvrx.ft import FaultToleranceConfig
 
 from .agent import FtAgent, LauncherExit, RestartPolicy
 from .exit_codes import ExitCode, exit_code_for_signal
+from .journal import JsonLines
 from .monitors import MonitorSupervisor
 from .rendezvous import tune_rendezvous
 
@@ -53,6 +59,7 @@ class LaunchOptions:
     min_progress_iterations: int
     progress_file: str | None = None
     cycle_log: str | None = None
+    journal: str | None = None
 
 
 def _raise_signal(signum: int, frame: FrameType | None) -> None:
@@ -146,10 +153,14 @@ def launch(options: LaunchOptions, monitors: MonitorSupervisor | None = None) ->
         max_no_progress_restarts=options.max_no_progress_restarts,
         min_progress_iterations=options.min_progress_iterations,
         progress_file=options.progress_file,
-        cycle_log=options.cycle_log,
     )
+    journal = JsonLines(options.journal)
+    cycle_log = JsonLines(options.cycle_log)
     agent: FtAgent | None = None
     code: int = ExitCode.LAUNCHER_ERROR
+    reason = ""
+    final_record = True
+    handler: RendezvousHandler | None = None
     try:
         if monitors is None:
             monitors = MonitorSupervisor(
@@ -169,20 +180,40 @@ def launch(options: LaunchOptions, monitors: MonitorSupervisor | None = None) ->
             term_timeout=options.term_timeout,
             start_method=config.start_method,
             log_line_prefix_template=config.log_line_prefix_template,
+            journal=journal,
+            cycle_log=cycle_log,
+        )
+        journal.write(
+            {
+                "event": "run_start",
+                "run_id": config.run_id,
+                "min_nodes": config.min_nodes,
+                "max_nodes": config.max_nodes,
+                "nproc_per_node": config.nproc_per_node,
+                "max_restarts": config.max_restarts,
+                "command": options.command,
+            }
         )
         agent.run()
         code = ExitCode.SUCCESS
+        reason = "every rank finished successfully"
+        final_record = False  # the agent wrote the cycle's "finish" record
         logger.info("all ranks finished successfully")
     except LauncherExit as exc:
         code = exc.code
+        reason = str(exc)
+        final_record = False  # the agent wrote the cycle record with this outcome
         log = logger.info if code == ExitCode.SUCCESS else logger.error
         log("stopping with exit code %d: %s", code, exc)
     except SignalException as exc:
         code = exit_code_for_signal(exc.sigval)
+        reason = f"the launcher got {exc.sigval.name}; the ranks were stopped"
         logger.warning("got %s: ranks were stopped; exit code %d", exc.sigval.name, code)
     except RendezvousError as exc:
-        logger.error("rendezvous failed: %s: %s", type(exc).__name__, exc)
-    except Exception:
+        reason = _rendezvous_failure(exc, handler, config)
+        logger.error("%s", reason)
+    except Exception as exc:
+        reason = f"ft_launcher failed: {type(exc).__name__}: {exc}"
         logger.exception("ft_launcher failed")
     finally:
         for sig in handled:
@@ -191,5 +222,29 @@ def launch(options: LaunchOptions, monitors: MonitorSupervisor | None = None) ->
             agent.kill_leftover_workers()
         if monitors is not None:
             monitors.close()
+        if final_record:
+            cycle_log.write({"action": "stop", "exit_code": int(code), "reason": reason})
+        journal.write({"event": "finished", "exit_code": int(code), "reason": reason})
         logger.debug("cleaned up")
     return int(code)
+
+
+def _rendezvous_failure(
+    exc: RendezvousError, handler: RendezvousHandler | None, config: LaunchConfig
+) -> str:
+    """Say what the rendezvous was waiting for: torch's timeout errors have no message."""
+    text = f"rendezvous failed: {type(exc).__name__}"
+    if str(exc):
+        text += f": {exc}"
+    if isinstance(exc, RendezvousTimeoutError):
+        join = None
+        if isinstance(handler, DynamicRendezvousHandler):
+            join = handler.settings.timeout.join.total_seconds()
+        nodes = (
+            f"{config.min_nodes}"
+            if config.min_nodes == config.max_nodes
+            else f"{config.min_nodes} to {config.max_nodes}"
+        )
+        waited = f" after {join:g} s" if join is not None else ""
+        text = f"the rendezvous timed out{waited} waiting for {nodes} node(s)"
+    return text

@@ -1,0 +1,54 @@
+"""Machine-readable records of what the launcher did: JSON lines appended to a file.
+
+Two files use it: the journal (``--ft-journal``: every event of the run) and the cycle
+log (``--ft-cycle-log``: one record per cycle end). Each line is written with a single
+``write`` on an ``O_APPEND`` descriptor, so launchers of several nodes can share a file.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from typing import Any
+
+__all__ = ["JsonLines"]
+
+logger = logging.getLogger("nvrx.launcher")
+
+
+class JsonLines:
+    """Appends one JSON object per line to ``path`` (does nothing when ``path`` is None)."""
+
+    def __init__(self, path: str | os.PathLike[str] | None, node: str | None = None) -> None:
+        self._path = None if path is None else os.fspath(path)
+        self.node = node
+        self._warned = False
+
+    @property
+    def path(self) -> str | None:
+        """Where the records go, if anywhere."""
+        return self._path
+
+    def write(self, record: dict[str, Any]) -> None:
+        """Append ``record`` (plus ``t`` and ``node`` when missing); failures are logged once."""
+        if self._path is None:
+            return
+        record.setdefault("t", time.time())
+        if self.node is not None:
+            record.setdefault("node", self.node)
+        line = (json.dumps(record, sort_keys=True, default=str) + "\n").encode("utf-8")
+        try:
+            parent = os.path.dirname(self._path)
+            if parent:
+                os.makedirs(parent, exist_ok=True)
+            fd = os.open(self._path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                os.write(fd, line)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            if not self._warned:
+                self._warned = True
+                logger.warning("cannot write %s: %s (further errors not logged)", self._path, exc)
