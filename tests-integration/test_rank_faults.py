@@ -125,9 +125,11 @@ def test_two_faults_in_a_row(launch: Launch) -> None:
 @pytest.mark.timeout(180)
 def test_killed_monitor_is_replaced_and_its_rank_restarted(launch: Launch) -> None:
     run = launch(["--step-time", "0.3"])
-    run.wait_until(lambda: run.steps_done(attempt=0, rank=1) >= 2, 90, "rank 1 at step 2")
+    # Kill rank 1's monitor once rank 1 trains; 0.3 s steps leave the job far from done.
+    run.wait_until(lambda: run.steps_done(attempt=0, rank=1) >= 1, 90, "rank 1 at step 1")
     old = run.monitor_pid(local_rank=1)
     os.kill(old, signal.SIGKILL)
+    assert run.steps_done(attempt=0, rank=1) < STEPS, "the job ended before the monitor died"
     run.expect_exit(0, timeout=150)
 
     reasons = restart_reasons(run.cycles())
