@@ -275,3 +275,12 @@ def tiny_fit(
     data = DataLoader(TensorDataset(torch.randn(32, 2)), batch_size=4)
     trainer.fit(Tiny(), train_dataloaders=data, ckpt_path=ckpt_path)
     return trainer
+
+
+def run_ddp(procs: Procs, cfg: dict[str, object], nproc: int = 2) -> tuple[int, str]:
+    """Run ptl_train.py on ``nproc`` DDP ranks under ft_launcher, or torchrun without it."""
+    import importlib.util
+
+    if importlib.util.find_spec("nvrx.launcher") is not None:
+        return run_ft_launcher(procs, cfg, ["--max-restarts=0"], nproc=nproc)
+    return run_torchrun(procs, cfg, nproc=nproc)

@@ -15,7 +15,7 @@ from nvrx.ptl import StragglerDetectionCallback
 from nvrx.ptl.straggler_scores import format_rank_scores, score_summary
 from nvrx.straggler import Detector
 
-from .conftest import Procs, results, run_torchrun, tiny_fit
+from .conftest import Procs, results, run_ddp, tiny_fit
 
 SLOW_FORWARD = "section_relative_perf/DDPStrategy.training_step/min"
 
@@ -124,7 +124,7 @@ def test_slow_rank_is_flagged_logged_and_training_stopped_on_ddp(
             "stop_if_detected": True,
         },
     )
-    rc, out = run_torchrun(procs, cfg)
+    rc, out = run_ddp(procs, cfg)
     assert rc == 0, out
     warnings = [line for line in out.splitlines() if "STRAGGLER DETECTION WARNING" in line]
     flagged = [w for w in warnings if "DDPStrategy.training_step" in w]
@@ -163,7 +163,7 @@ def test_without_gather_each_rank_judges_itself(tmp_path: Path, procs: Procs) ->
             "stop_if_detected": True,
         },
     )
-    rc, out = run_torchrun(procs, cfg)
+    rc, out = run_ddp(procs, cfg)
     assert rc == 0, out
     warnings = [line for line in out.splitlines() if "STRAGGLER DETECTION WARNING" in line]
     assert warnings, out
