@@ -228,6 +228,11 @@ class LauncherRun:
                     return proc.pid
         raise AssertionError(f"{self.name}: no monitor for local rank {local_rank}")
 
+    def runtime_dirs(self) -> set[pathlib.Path]:
+        """The private runtime directories holding this launcher's monitor sockets."""
+        found = re.findall(r"listening on (\S+)/monitor-\d+\.sock", self.log())
+        return {pathlib.Path(d) for d in found}
+
     def cleanup(self, grace: float = LEAK_GRACE_S) -> list[str]:
         """Kill whatever is left; return one problem per process the launcher left behind.
 
@@ -249,6 +254,10 @@ class LauncherRun:
                     f"{self.name}: ft_launcher exited ({self.proc.returncode}) but left "
                     f"{len(left)} process(es) behind:\n{_describe(left)}"
                 )
+            if self.proc.returncode >= 0:  # it exited by itself, so it could clean up
+                kept = [d for d in self.runtime_dirs() if d.exists()]
+                if kept:
+                    problems.append(f"{self.name}: runtime dir(s) left behind: {kept}")
         left = marked_processes(self.marker)
         for proc in left:
             with contextlib.suppress(psutil.Error):

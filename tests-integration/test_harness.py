@@ -23,6 +23,7 @@ def test_leak_check_reports_and_kills_an_escaped_process(tmp_path: pathlib.Path)
     )
     try:
         run.expect_exit(0, timeout=90)
+        assert run.runtime_dirs(), "the monitors' log format changed: runtime dir not found"
         leaked = int((tmp_path / "leaked.pid").read_text())
         assert psutil.pid_exists(leaked)
     finally:
