@@ -196,6 +196,7 @@ def _fast_config(**overrides: object) -> FaultToleranceConfig:
         "initial_rank_heartbeat_timeout": None,
         "rank_heartbeat_timeout": None,
         "rank_termination_grace_period": 1.0,
+        "min_calculated_timeout": None,
         "enable_gpu_monitor": False,
         "log_level": "DEBUG",
     }

@@ -245,3 +245,28 @@ def test_stopped_rank_hangs_its_peer_in_all_reduce_and_both_are_terminated(
     stopped.wait_exit()
     assert "all_reduce" in healthy.output()  # its stack dump shows where it hung
     assert "most recent call first" in stopped.output()
+
+
+def test_loaded_timeouts_are_raised_to_the_floor(
+    make_config: MakeConfig,
+    start_monitor: MonitorFactory,
+    start_rank: RankFactory,
+) -> None:
+    start_monitor(make_config(rank_section_timeouts={"step": 30.0}, min_calculated_timeout=20.0))
+    state = {
+        "current_timeouts": {
+            "heartbeat": {"initial": 0.7, "subsequent": 45.0, "were_calculated": True},
+            "section": {
+                "section": {"step": 0.2},
+                "out_of_section": 1.0,
+                "calculated_sections": ["step"],
+                "is_out_of_section_calculated": True,
+            },
+        }
+    }
+    rank = start_rank([["load_state", json.dumps(state)], ["init"], ["print_state"], ["exit", 0]])
+    assert rank.wait_exit() == 0, rank.output()
+    current = _state(rank.output())["current_timeouts"]
+    assert (current["heartbeat"]["initial"], current["heartbeat"]["subsequent"]) == (20.0, 45.0)
+    assert current["section"]["section"] == {"step": 20.0}
+    assert current["section"]["out_of_section"] == 20.0

@@ -82,6 +82,7 @@ def test_misspelt_field_is_always_an_error() -> None:
         ("node_health_check_interval", 0),
         ("safety_factor", 0.5),
         ("safety_factor", "x"),
+        ("min_calculated_timeout", -1),
         ("rank_termination_signal", "SIGNOPE"),
         ("rank_termination_signal", 999),
         ("rank_termination_signal", None),

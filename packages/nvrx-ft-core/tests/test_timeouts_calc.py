@@ -113,3 +113,16 @@ def test_safety_factor_below_one_is_rejected() -> None:
 def test_synchronize_without_process_group_is_an_error() -> None:
     with pytest.raises(TimeoutsCalcError, match="process group"):
         TimeoutsCalc().synchronize_all()
+
+
+def test_min_timeout_floors_every_calculated_timeout() -> None:
+    calc = TimeoutsCalc(sections=["a"], start_time=0.0, safety_factor=2.0, min_timeout=30.0)
+    calc.update_on_heartbeat(0.05)
+    calc.update_on_heartbeat(0.1)
+    calc.update_on_section_event("a", OPEN, 1.0)
+    calc.update_on_section_event("a", CLOSE, 100.0)
+    hb = calc.get_hb_timeouts()
+    assert (hb.initial, hb.subsequent) == (30.0, 30.0)
+    sec = calc.get_section_timeouts()
+    assert sec.section["a"] == pytest.approx(198.0)  # above the floor: unchanged
+    assert sec.out_of_section == 30.0

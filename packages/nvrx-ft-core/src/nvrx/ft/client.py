@@ -188,7 +188,11 @@ class RankMonitorClient:
             sock.close()
             block.close()
             raise RankMonitorClientError("the rank monitor uses another shared memory layout")
-        calc = TimeoutsCalc(sections=sections, safety_factor=cfg.safety_factor)
+        calc = TimeoutsCalc(
+            sections=sections,
+            safety_factor=cfg.safety_factor,
+            min_timeout=cfg.min_calculated_timeout,
+        )
         calc.start_ns = calc.last_section_close_ns = int(reply["init_ns"])  # the monitor's clock
         self._sock = sock
         self._block = block
@@ -497,11 +501,20 @@ class RankMonitorClient:
             self._apply_loaded()
 
     def _apply_loaded(self) -> None:
-        """Apply the calculated parts of a loaded state; configured values stay otherwise."""
+        """Apply the calculated parts of a loaded state (raised to the floor, if any).
+
+        Configured values stay for everything the state did not calculate.
+        """
         hb, sec = self.loaded_hb_timeouts, self.loaded_section_timeouts
+        floor = self._calc._floor
         if hb is not None and not hb.were_calculated:
             hb = None
         if hb is not None:
+            hb = HeartbeatTimeouts(
+                initial=None if hb.initial is None else floor(hb.initial),
+                subsequent=None if hb.subsequent is None else floor(hb.subsequent),
+                were_calculated=True,
+            )
             self.hb_timeouts = hb
         current = self.section_timeouts
         if sec is not None and current is not None:
@@ -510,11 +523,16 @@ class RankMonitorClient:
             if dropped:
                 self.logger.warning("ignoring loaded timeouts of unconfigured sections %s", dropped)
             merged = dict(current.section)
-            merged.update({n: sec.section[n] for n in calculated if n in sec.section})
+            for name in calculated:
+                value = sec.section.get(name)
+                merged[name] = None if value is None else floor(value)
             oos_calculated = sec.is_out_of_section_calculated
+            oos = sec.out_of_section if oos_calculated else current.out_of_section
+            if oos_calculated and oos is not None:
+                oos = floor(oos)
             sec = SectionTimeouts(
                 section=merged,
-                out_of_section=sec.out_of_section if oos_calculated else current.out_of_section,
+                out_of_section=oos,
                 calculated_sections=calculated,
                 is_out_of_section_calculated=oos_calculated,
             )

@@ -200,6 +200,7 @@ _COERCE: dict[str, _Coerce] = {
     "rank_out_of_section_timeout": _optional_timeout,
     "node_health_check_interval": _positive_float,
     "safety_factor": _safety_factor,
+    "min_calculated_timeout": _optional_timeout,
     "rank_termination_signal": parse_signal,
     "rank_termination_grace_period": _positive_float,
     "stack_dump_signal": _optional_signal,
@@ -219,6 +220,7 @@ _HELP: dict[str, str] = {
     "rank_out_of_section_timeout": "seconds with no section open; none disables",
     "node_health_check_interval": "seconds between GPU/NIC health checks",
     "safety_factor": "calculated timeout = safety factor x longest observed interval",
+    "min_calculated_timeout": "no calculated timeout is shorter than this; none: no floor",
     "rank_termination_signal": "signal sent to a hung or unhealthy rank, e.g. SIGTERM",
     "rank_termination_grace_period": "seconds between that signal and SIGKILL",
     "stack_dump_signal": "signal that asks the rank for a stack dump first; none disables",
@@ -248,6 +250,7 @@ _NULLABLE = frozenset(
         "initial_rank_heartbeat_timeout",
         "rank_heartbeat_timeout",
         "rank_out_of_section_timeout",
+        "min_calculated_timeout",
         "stack_dump_signal",
         "pci_topo_file",
         "link_down_path_template",
@@ -280,6 +283,7 @@ class FaultToleranceConfig:
     rank_out_of_section_timeout: float | None = None
     node_health_check_interval: float = 5.0
     safety_factor: float = 5.0
+    min_calculated_timeout: float | None = 30.0
     rank_termination_signal: signal.Signals = signal.SIGTERM
     rank_termination_grace_period: float = 5.0
     stack_dump_signal: signal.Signals | None = signal.SIGUSR2

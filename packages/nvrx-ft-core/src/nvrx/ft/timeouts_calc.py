@@ -65,6 +65,8 @@ class TimeoutsCalc:
     """Tracks the longest heartbeat, section and out-of-section intervals of one rank.
 
     Times given to the methods are ``time.monotonic()`` seconds (``None``: now).
+    ``min_timeout`` (seconds) is a floor for every calculated timeout, so a short run's
+    tiny intervals cannot produce a timeout the next, slower start would trip over.
     Section names are the configured ones; an event for another name is a
     :class:`TimeoutsCalcError`.
     """
@@ -72,6 +74,7 @@ class TimeoutsCalc:
     __slots__ = (
         "initial_max_ns",
         "last_section_close_ns",
+        "min_timeout",
         "oos_max_ns",
         "open_count",
         "prev_hb_ns",
@@ -86,10 +89,12 @@ class TimeoutsCalc:
         sections: Iterable[str] | None = None,
         start_time: float | None = None,
         safety_factor: float = 5.0,
+        min_timeout: float | None = None,
     ) -> None:
         if safety_factor < 1.0:
             raise ValueError(f"TimeoutsCalc.safety_factor: {safety_factor!r} must be >= 1.0")
         self.safety_factor = float(safety_factor)
+        self.min_timeout = min_timeout
         self.start_ns = _to_ns(start_time)
         self.prev_hb_ns = 0
         self.initial_max_ns = -1
@@ -228,7 +233,12 @@ class TimeoutsCalc:
         if current is not None and current.were_calculated:
             initial = _merge(current.initial, initial)
             subsequent = _merge(current.subsequent, subsequent)
-        return HeartbeatTimeouts(initial=initial, subsequent=subsequent, were_calculated=True)
+        return HeartbeatTimeouts(
+            initial=self._floor(initial), subsequent=self._floor(subsequent), were_calculated=True
+        )
+
+    def _floor(self, timeout: float) -> float:
+        return timeout if self.min_timeout is None else max(timeout, self.min_timeout)
 
     def _selected(self, selected_sections: Iterable[str] | None) -> list[str]:
         chosen = list(self.sections if selected_sections is None else selected_sections)
@@ -266,12 +276,12 @@ class TimeoutsCalc:
         for name in chosen:
             new = self.safety_factor * self.sections[name].max_ns / _NS
             was = current.section.get(name) if name in current.calculated_sections else None
-            sections[name] = _merge(was, new)
+            sections[name] = self._floor(_merge(was, new))
         oos = current.out_of_section
         if calc_out_of_section:
             new_oos = self.safety_factor * self.oos_max_ns / _NS
             was_oos = oos if current.is_out_of_section_calculated else None
-            oos = _merge(was_oos, new_oos)
+            oos = self._floor(_merge(was_oos, new_oos))
         return SectionTimeouts(
             section=sections,
             out_of_section=oos,
