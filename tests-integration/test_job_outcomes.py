@@ -39,7 +39,6 @@ def test_crash_loop_stops_on_the_progress_rule(launch: Launch, out_dir: pathlib.
     cycles = run.cycles()
     assert [c["action"] for c in cycles] == ["restart", "restart", "stop"], cycles
     assert "no progress" in cycles[-1]["reason"]
-    assert "stopping with exit code 93" in run.log()
     starts = {e["attempt"] for e in run.journal() if e["event"] == "start"}
     assert starts == {0, 1, 2}
 
@@ -68,7 +67,6 @@ def test_sigterm_to_the_launcher_stops_every_rank(launch: Launch) -> None:
     forwarded = sorted(e["rank"] for e in journal if e["event"] == "sigterm")
     assert forwarded == [0, 1], "SIGTERM was not forwarded to every rank"
     assert not restart_reasons(run.cycles()), "a signal to the launcher must not restart"
-    assert "got SIGTERM" in run.log()
 
 
 @pytest.mark.slow

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
 import signal
 
 import pytest
@@ -117,7 +116,6 @@ def test_two_faults_in_a_row(launch: Launch) -> None:
     assert all(c["charged"] for c in cycles)
     assert matches(rf"{RANK1} was killed by signal SIGKILL", cycles[0]["reason"])
     assert matches(r"rank 0 \(local rank 0, pid \d+\) exited with code 1", cycles[1]["reason"])
-    assert "restart 2/2" in run.log()
     resumes = _check_training(run.journal(), attempts=3)
     assert resumes == {0: 0, 1: 3, 2: 6}
 
@@ -130,13 +128,17 @@ def test_killed_monitor_is_replaced_and_its_rank_restarted(launch: Launch) -> No
     old = run.monitor_pid(local_rank=1)
     os.kill(old, signal.SIGKILL)
     assert run.steps_done(attempt=0, rank=1) < STEPS, "the job ended before the monitor died"
+
+    def replaced() -> bool:
+        try:
+            return run.monitor_pid(local_rank=1) != old
+        except AssertionError:
+            return False
+
+    run.wait_until(replaced, 60, "a new monitor for local rank 1")
     run.expect_exit(0, timeout=150)
 
     reasons = restart_reasons(run.cycles())
     assert len(reasons) == 1, reasons
     assert "the monitor of local rank 1 died" in reasons[0]
-    # The monitor log lines carry the monitor's pid: a new monitor watched attempt 1.
-    watchers = re.findall(r"\[RankMonitor(\d+):local_rank 1:rank 1\] monitoring rank 1", run.log())
-    assert str(old) in watchers, watchers
-    assert set(watchers) - {str(old)}, f"no new monitor watched rank 1: {watchers}"
     _check_training(run.journal(), attempts=2)
