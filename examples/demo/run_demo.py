@@ -35,7 +35,7 @@ def launcher_command(out: pathlib.Path, args: argparse.Namespace) -> list[str]:
         f"--max-restarts={EXPECTED_RESTARTS + 1}",
         f"--log-dir={out / 'logs' / 'ranks'}",
         "--tee=3",
-        f"--ft-cycle-log={out / 'restarts.jsonl'}",
+        f"--ft-journal={out / 'journal.jsonl'}",
         f"--ft-progress-file={out / 'progress'}",
         "--ft-initial-rank-heartbeat-timeout=90",
         f"--ft-rank-heartbeat-timeout={args.heartbeat_timeout}",
@@ -75,16 +75,25 @@ def read_jsonl(path: pathlib.Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def describe_restart(record: dict[str, Any]) -> str:
-    cause = record.get("cause") or record.get("reason") or "unknown cause"
-    seconds = record.get("duration_s")
-    took = f" (restarted in {seconds:.1f} s)" if isinstance(seconds, (int, float)) else ""
-    return f"cycle {record.get('cycle', '?')}: {cause}{took}"
+def describe_restarts(journal: list[dict[str, Any]]) -> list[str]:
+    """One line per restart: the launcher's decision (the cause) and how long it took."""
+    decisions = [e for e in journal if e["event"] == "decision" and e["action"] == "restart"]
+    restarts = [e for e in journal if e["event"] == "restart"]
+    lines = []
+    for number, decision in enumerate(decisions, 1):
+        line = f"restart {number}: {decision['reason']}"
+        if number <= len(restarts):
+            r = restarts[number - 1]
+            line += (
+                f"\n      back up in {r['total_s']:.2f} s (stop {r['stop_s']:.2f} s, "
+                f"rendezvous {r['rendezvous_s']:.2f} s, spawn {r['spawn_s']:.2f} s)"
+            )
+        lines.append(line)
+    return lines
 
 
 def summary(out: pathlib.Path, rc: int, wall: float) -> tuple[str, bool]:
-    cycles = read_jsonl(out / "restarts.jsonl")
-    restarts = [r for r in cycles if r.get("action") == "restart"]
+    restarts = describe_restarts(read_jsonl(out / "journal.jsonl"))
     attempts = read_jsonl(out / "attempts.jsonl")
     result_path = out / "result.json"
     result = json.loads(result_path.read_text()) if result_path.exists() else None
@@ -94,7 +103,7 @@ def summary(out: pathlib.Path, rc: int, wall: float) -> tuple[str, bool]:
     lines = ["", "=" * 72, "nvrx demo summary", "=" * 72]
     lines.append(f"ft_launcher exit code {rc} after {wall:.1f} s")
     lines.append(f"restarts: {len(restarts)}")
-    lines += [f"  - {describe_restart(r)}" for r in restarts]
+    lines += [f"  - {r}" for r in restarts]
     lines.append("attempts (where each resumed):")
     lines += [f"  - attempt {a['attempt']} started at step {a['start_step']}" for a in attempts]
     if report is None:
@@ -113,7 +122,7 @@ def summary(out: pathlib.Path, rc: int, wall: float) -> tuple[str, bool]:
     lines.append(f"outputs: {out}")
     lines.append(f"  launcher log    {out / 'launcher.log'}")
     lines.append(f"  rank logs       {out / 'logs' / 'ranks'}")
-    lines.append(f"  restarts (JSON) {out / 'restarts.jsonl'}")
+    lines.append(f"  journal (JSON)  {out / 'journal.jsonl'}")
     lines.append(f"  metrics (CSV)   {out / 'logs'}")
     if report is not None:
         lines.append(f"  stragglers      {report_path}")
