@@ -157,12 +157,12 @@ def test_autoresume_needs_the_flag_variable(
             json.dumps(
                 {
                     "current_timeouts": {
-                        "heartbeat": {"initial": 77.5, "subsequent": 12.25, "were_calculated": True}
+                        "heartbeat": {"initial": 77.5, "subsequent": 42.25, "were_calculated": True}
                     }
                 }
             ),
             r"Fault tolerance timeouts loaded from",
-            "initial=77.50, subsequent=12.25, were_calculated=True",
+            "initial=77.50, subsequent=42.25, were_calculated=True",
         ),
     ],
 )
