@@ -109,9 +109,12 @@ def test_node_killed_the_other_exits_with_its_code(launch: Launch) -> None:
     assert not alive, f"node1's children outlived it: {alive}"
 
     host.expect_exit(ExitCode.LAUNCHER_ERROR, timeout=120)
-    log = host.log()
-    assert "restart 1/3" in log
-    assert "rendezvous failed" in log
+    cycles = host.cycles()
+    assert [c["action"] for c in cycles] == ["restart", "stop"], cycles
+    assert cycles[0]["charged"], cycles[0]
+    assert matches(r"rank 0 \(local rank 0, pid \d+\) exited with code 1", cycles[0]["reason"])
+    assert cycles[1]["exit_code"] == ExitCode.LAUNCHER_ERROR
+    assert "rendezvous" in cycles[1]["reason"], cycles[1]
 
 
 BAD_CONFIGS = {
