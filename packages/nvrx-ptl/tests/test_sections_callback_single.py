@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -162,3 +163,25 @@ def test_policy_must_be_callable() -> None:
             calculate_timeouts=False,
             exc_handling_policy="exclude",  # type: ignore[arg-type]
         )
+
+
+@pytest.mark.timeout(120)
+def test_sections_and_straggler_callbacks_together(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    make_monitor: Callable[..., Monitor],
+) -> None:
+    from nvrx.ptl import StragglerDetectionCallback
+
+    monitor = make_monitor(**SECTION_CFG)
+    monkeypatch.setenv("NVRX_FT_MONITOR_SOCKET", str(monitor.socket_path))
+    probe = SectionProbe()
+    ft = FaultToleranceSectionsCallback(autoresume=False, calculate_timeouts=False)
+    straggler = StragglerDetectionCallback(report_time_interval=0.1, logger_name="test.both")
+    with caplog.at_level(logging.INFO, logger="test.both"):
+        tiny_fit(tmp_path, [ft, straggler, probe], max_steps=300)
+    assert probe.seen["backward"] == {("step",)}
+    assert "Section 'SingleDeviceStrategy.training_step' relative performance" in caplog.text
+    assert not ft.is_initialized
+    assert not straggler.initialized

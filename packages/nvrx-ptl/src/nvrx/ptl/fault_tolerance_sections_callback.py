@@ -77,13 +77,12 @@ class FaultToleranceSectionsCallback(FtCallbackBase):
 
     def _reset_run_state(self) -> None:
         self.state_machine = TrainingStateMachine()
-        self.num_eval_iters_total = 0
         self.last_checkpoint_iter = 0
         self.last_timeouts_upd_iter = 0
         self.seen_checkpoint_save = False
         self.uses_async_checkpointing = False
         self._open_depth: collections.Counter[str] = collections.Counter()
-        self._wrapped: list[tuple[object, str, bool, Any]] = []
+        self._wrapped: list[tuple[object, str, bool, Any, Any]] = []
 
     # -- sections ----------------------------------------------------------------------------
 
@@ -122,7 +121,7 @@ class FaultToleranceSectionsCallback(FtCallbackBase):
 
         own = method in vars(obj)
         setattr(obj, method, in_section)
-        self._wrapped.append((obj, method, own, original))
+        self._wrapped.append((obj, method, own, original, in_section))
 
     def _wrap_strategy(self, trainer: Trainer) -> None:
         # trainer.save_checkpoint also covers building the checkpoint (state dicts, hooks)
@@ -138,7 +137,9 @@ class FaultToleranceSectionsCallback(FtCallbackBase):
             self._wrap(checkpoint_io, "maybe_finalize_save_checkpoint", "checkpointing")
 
     def _unwrap_strategy(self) -> None:
-        for obj, method, own, original in reversed(self._wrapped):
+        for obj, method, own, original, wrapper in reversed(self._wrapped):
+            if vars(obj).get(method) is not wrapper:
+                continue  # wrapped again on top of ours: leave it (ours now passes through)
             if own:
                 setattr(obj, method, original)
             else:
@@ -271,11 +272,10 @@ class FaultToleranceSectionsCallback(FtCallbackBase):
         batch_idx: int,
         dataloader_idx: int = 0,
     ) -> None:
-        """First batch ends 'setup'; count validation iterations."""
+        """The first validation batch (e.g. a sanity check) also ends 'setup'."""
         if self.fault_tol_client is None:
             return
         self._close_setup_section()
-        self.num_eval_iters_total += 1
 
     def on_load_checkpoint(
         self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]

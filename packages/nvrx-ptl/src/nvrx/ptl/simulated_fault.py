@@ -194,11 +194,6 @@ class SimulatedFault:
         """Disarm the fault if it has not fired yet."""
         self._cancelled.set()
 
-    @property
-    def is_armed(self) -> bool:
-        """True while the timer runs and has not been cancelled."""
-        return self._thread.is_alive() and not self._cancelled.is_set()
-
     def _run(self) -> None:
         if self._cancelled.wait(self.plan.delay):
             return

@@ -207,7 +207,7 @@ class StragglerDetectionCallback(Callback):
             with Detector.detection_section(name, profile_cuda=False):
                 return original(*args, **kwargs)
 
-        self._unwrap = functools.partial(_restore, strategy, "training_step", original)
+        self._unwrap = functools.partial(_restore, strategy, "training_step", original, timed)
         strategy.training_step = timed  # type: ignore[method-assign]
 
     def _shutdown(self) -> None:
@@ -404,8 +404,10 @@ class StragglerDetectionCallback(Callback):
         trainer.should_stop = True
 
 
-def _restore(obj: object, name: str, original: object) -> None:
-    """Undo an instance-attribute wrap, whether or not the original was one."""
+def _restore(obj: object, name: str, original: object, wrapper: object) -> None:
+    """Undo an instance-attribute wrap, unless something else was wrapped on top of it."""
+    if vars(obj).get(name) is not wrapper:
+        return  # ours stays underneath and passes through once the detector is gone
     if getattr(type(obj), name, None) is getattr(original, "__func__", None):
         delattr(obj, name)
     else:
