@@ -132,8 +132,8 @@ def test_hung_rank_is_killed_by_its_monitor_and_job_restarts(
 @pytest.mark.timeout(150)
 def test_restart_budget_exhausted_gives_its_exit_code(start_launcher: Start) -> None:
     launcher = start_launcher(
-        ["--nproc-per-node", "2", "--max-restarts", "1"],
-        ["--steps", "6", "--fault", "exit:1:2:*", "--no-checkpoint"],
+        ["--nproc-per-node", "1", "--max-restarts", "1"],
+        ["--steps", "6", "--fault", "exit:0:2:*", "--no-checkpoint"],
     )
     assert launcher.wait() == ExitCode.RESTARTS_EXHAUSTED, launcher.log()
     assert {e["cycle"] for e in _events(launcher, "start")} == {0, 1}
