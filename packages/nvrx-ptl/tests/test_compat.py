@@ -104,3 +104,19 @@ def test_unknown_attribute() -> None:
 
     with pytest.raises(AttributeError, match="NoSuchCallback"):
         nvrx.ptl.NoSuchCallback  # noqa: B018
+
+
+def test_nvrx_module_paths_port_by_prefix() -> None:
+    """Every NVRx import path works with nvidia_resiliency_ext.ptl_resiliency -> nvrx.ptl."""
+    import importlib
+
+    import nvrx.ptl
+
+    for module, name in [
+        ("fault_tolerance_callback", "FaultToleranceCallback"),
+        ("fault_tolerance_callback", "SimulatedFaultParams"),
+        ("fault_tolerance_sections_callback", "FaultToleranceSectionsCallback"),
+        ("straggler_det_callback", "StragglerDetectionCallback"),
+    ]:
+        found = getattr(importlib.import_module(f"nvrx.ptl.{module}"), name)
+        assert found is getattr(nvrx.ptl, name), (module, name)

@@ -11,7 +11,7 @@ from ._ft_base import FtCallbackBase, progress_from_trainer
 from .simulated_fault import SimulatedFaultParams
 from .training_state import TrainingStateMachine
 
-__all__ = ["FaultToleranceCallback"]
+__all__ = ["FaultToleranceCallback", "SimulatedFaultParams"]  # both, as in NVRx
 
 
 class FaultToleranceCallback(FtCallbackBase):
