@@ -67,8 +67,6 @@ class TinyModel(pl.LightningModule):
             probe("training_step", step=step, open=open_sections(self.trainer))
         if step == CFG.get("raise_at_step"):
             raise RuntimeError(f"injected failure at step {step}")
-        if step == CFG.get("exit0_at_step"):
-            sys.exit(0)
         time.sleep(CFG.get("step_sleep", 0.0))
         if CFG.get("slow_rank") == RANK:
             time.sleep(CFG.get("slow_sleep", 0.0))
@@ -128,10 +126,8 @@ def main() -> None:
     ft_args = {
         "autoresume": CFG.get("autoresume", False),
         "calculate_timeouts": CFG.get("calculate_timeouts", True),
-        # the fault hits one attempt only, so the restarted job can finish
-        "simulated_fault_params": CFG.get("simulated_fault")
-        if CFG.get("fault_attempt", 0) == ATTEMPT
-        else None,
+        # the fault hits the first attempt only, so the restarted job can finish
+        "simulated_fault_params": CFG.get("simulated_fault") if ATTEMPT == 0 else None,
         "exp_dir": CFG.get("exp_dir"),
     }
     if "ft" in kinds:
