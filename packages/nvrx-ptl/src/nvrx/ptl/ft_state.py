@@ -76,8 +76,11 @@ def save_ft_state(path: str | os.PathLike[str], state: Mapping[str, Any]) -> Non
     except BaseException:
         Path(tmp_name).unlink(missing_ok=True)
         raise
-    dir_fd = os.open(file.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    try:  # make the rename durable; some network file systems cannot fsync a directory
+        dir_fd = os.open(file.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+    except OSError:
+        pass
