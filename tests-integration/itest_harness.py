@@ -180,12 +180,14 @@ class LauncherRun:
         """The cycle log's restart records, in order."""
         return [c for c in self.cycles() if c.get("action") == "restart"]
 
-    def steps_done(self, *, attempt: int, rank: int) -> int:
-        """The last step ``rank`` finished in ``attempt`` (0 when none)."""
+    def steps_done(self, *, rank: int, attempt: int | None = None) -> int:
+        """The last step ``rank`` finished in ``attempt`` (any attempt: None); 0 when none."""
         steps = [
             e["step"]
             for e in self.journal()
-            if e["event"] == "step" and e["attempt"] == attempt and e["rank"] == rank
+            if e["event"] == "step"
+            and e["rank"] == rank
+            and (attempt is None or e["attempt"] == attempt)
         ]
         return max(steps, default=0)
 

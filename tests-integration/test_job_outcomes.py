@@ -60,7 +60,9 @@ def test_restarts_exhausted(launch: Launch) -> None:
 @pytest.mark.timeout(150)
 def test_sigterm_to_the_launcher_stops_every_rank(launch: Launch) -> None:
     run = launch(["--steps", "200", "--step-time", "0.2", "--record-sigterm"])
-    run.wait_until(lambda: run.steps_done(attempt=0, rank=1) >= 2, 90, "rank 1 at step 2")
+    run.wait_until(lambda: run.steps_done(rank=1) >= 2, 90, "rank 1 at step 2")
+    early = restart_reasons(run.cycles())
+    assert not early, f"restarted before SIGTERM was sent: {early}"
     os.kill(run.pid, signal.SIGTERM)
     run.expect_exit(exit_code_for_signal(signal.SIGTERM), timeout=60)
     journal = run.journal()
