@@ -39,7 +39,7 @@ def launcher_command(out: pathlib.Path, args: argparse.Namespace) -> list[str]:
         f"--ft-progress-file={out / 'progress'}",
         "--ft-initial-rank-heartbeat-timeout=90",
         f"--ft-rank-heartbeat-timeout={args.heartbeat_timeout}",
-        "--workers-stop-timeout=5",
+        "--workers-stop-timeout=2",
         str(HERE / "train.py"),
         f"--out={out}",
         f"--max-steps={args.max_steps}",

@@ -27,6 +27,7 @@ from synthetic import FEATURES, make_dataset  # the script's own folder is on sy
 from torch.utils.data import DataLoader
 
 from nvrx.ptl import FaultToleranceCallback, SimulatedFaultParams, StragglerDetectionCallback
+from nvrx.straggler import Report
 
 FAULTS = {"kill": "rank_killed", "hang": "rank_hung"}
 
@@ -57,9 +58,12 @@ class Regressor(LightningModule):
 class AttemptJournal(Callback):
     """Rank 0 records where each attempt started and ended, and the final result."""
 
-    def __init__(self, out: pathlib.Path, attempt: int) -> None:
+    def __init__(
+        self, out: pathlib.Path, attempt: int, straggler: StragglerDetectionCallback
+    ) -> None:
         self.out = out
         self.attempt = attempt
+        self.straggler = straggler
         self.started_at = 0
 
     def _append(self, record: dict[str, Any]) -> None:
@@ -90,9 +94,32 @@ class AttemptJournal(Callback):
             "global_step": trainer.global_step,
             "final_loss": None if loss is None else float(loss),
         }
-        tmp = self.out / "result.json.tmp"
-        tmp.write_text(json.dumps(result) + "\n")
-        os.replace(tmp, self.out / "result.json")
+        write_json(self.out / "result.json", result)
+        report = self.straggler.last_report
+        if report is not None:
+            write_json(self.out / "straggler_report.json", straggler_summary(report))
+
+
+def write_json(path: pathlib.Path, data: dict[str, Any]) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1) + "\n")
+    os.replace(tmp, path)  # readers never see half a file
+
+
+def straggler_summary(report: Report) -> dict[str, Any]:
+    """The latest report: who is slow, the worst ranks per section, and all scores."""
+    found = report.identify_stragglers(section_rel_threshold=0.7, gpu_rel_threshold=0.7)
+    stragglers = sorted(
+        {f"rank {s.rank} ({s.node})" for ids in found["straggler_sections_relative"].values()
+         for s in ids} | {f"rank {s.rank} ({s.node})" for s in found["straggler_gpus_relative"]}
+    )  # fmt: skip
+    worst = [
+        f"section {name}: rank {rank} score {score:.2f}, "
+        f"median {report.section_median_times[name][rank]:.2f} ms"
+        for name, scores in sorted(report.section_relative_perf_scores.items())
+        for rank, score in sorted(scores.items(), key=lambda kv: kv[1])[:2]
+    ]
+    return {"stragglers": stragglers, "worst": worst, "report": report.to_dict()}
 
 
 def simulated_fault(faults: list[str], attempt: int, delay: float) -> SimulatedFaultParams | None:
@@ -112,7 +139,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--fault-delay", type=float, default=6.0)
     parser.add_argument("--slow-rank", type=int, default=1)
     parser.add_argument("--slow-seconds", type=float, default=0.02)
-    parser.add_argument("--report-interval", type=float, default=4.0)
+    parser.add_argument("--report-interval", type=float, default=2.0)
     args = parser.parse_args(argv)
     bad = [f for f in args.faults.split(",") if f not in (*FAULTS, "none")]
     if bad:
@@ -134,6 +161,14 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.manual_seed(0)
     loader = DataLoader(make_dataset(), batch_size=args.batch_size, shuffle=True, num_workers=0)
+    straggler = StragglerDetectionCallback(
+        report_time_interval=args.report_interval,
+        calc_relative_gpu_perf=True,
+        calc_individual_gpu_perf=True,
+        num_gpu_perf_scores_to_print=2,
+        stop_if_detected=False,
+        logger_name="demo.straggler",
+    )
     callbacks: list[Callback] = [
         FaultToleranceCallback(
             autoresume=False,
@@ -143,14 +178,7 @@ def main(argv: list[str] | None = None) -> int:
             ),
             exp_dir=args.out / "ft_state",
         ),
-        StragglerDetectionCallback(
-            report_time_interval=args.report_interval,
-            calc_relative_gpu_perf=True,
-            calc_individual_gpu_perf=True,
-            num_gpu_perf_scores_to_print=2,
-            stop_if_detected=False,
-            logger_name="demo.straggler",
-        ),
+        straggler,
         ModelCheckpoint(
             dirpath=checkpoints,
             filename="step{step}",
@@ -158,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
             save_top_k=1,
             save_last=True,
         ),
-        AttemptJournal(args.out, attempt),
+        AttemptJournal(args.out, attempt, straggler),
     ]
     trainer = Trainer(
         accelerator="cpu",

@@ -102,6 +102,8 @@ def test_single_process_logs_section_scores_to_csv(
     rows = [r for r in _metrics(tmp_path / "logs") if r.get("section_relative_perf/train_step/min")]
     assert rows, caplog.text
     assert float(rows[-1]["section_relative_perf/train_step/min"]) == pytest.approx(1.0)
+    assert callback.last_report is not None, "the latest report stays readable after fit"
+    assert callback.last_report.section_relative_perf_scores["train_step"] == {0: 1.0}
     assert not callback.initialized
     assert not Detector.initialized
     assert "training_step" not in vars(trainer.strategy), "the strategy is left as it was"  # type: ignore[attr-defined]

@@ -136,6 +136,9 @@ class StragglerDetectionCallback(Callback):
         self.profiling_interval = profiling_interval
         self.logger = logging.getLogger(logger_name or __name__)
         self.initialized = False
+        #: The latest report this rank received (None before the first one); rank 0
+        #: holds every rank's scores when ``gather_on_rank0`` is True.
+        self.last_report: Report | None = None
         self._owns_detector = False
         self._unwrap: Callable[[], None] | None = None
         self._step_section: AbstractContextManager[Any] | None = None
@@ -278,6 +281,7 @@ class StragglerDetectionCallback(Callback):
     # -- reports -----------------------------------------------------------------------------
 
     def _handle_report(self, trainer: Trainer, report: Report) -> bool:
+        self.last_report = report
         stragglers = report.identify_stragglers(
             gpu_rel_threshold=self.gpu_relative_perf_threshold,
             section_rel_threshold=self.section_relative_perf_threshold,
