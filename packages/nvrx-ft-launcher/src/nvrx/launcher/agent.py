@@ -47,6 +47,7 @@ from .exit_codes import ExitCode
 from .journal import JsonLines
 from .monitors import MonitorSupervisor
 from .progress import made_progress, read_progress
+from .rendezvous import renew_worker_store
 
 __all__ = ["FtAgent", "LauncherExit", "RestartPolicy"]
 
@@ -183,6 +184,8 @@ class FtAgent(LocalElasticAgent):
         # the job-wide cycle number, the same on every node.
         spec = worker_group.spec
         self._remaining_restarts = spec.max_restarts - self._state.cycle
+        if self._coord is not None:  # a restart: new ranks get an empty store
+            renew_worker_store(spec.rdzv_handler)
         super()._rendezvous(worker_group)
         if self._coord is None:
             # First rendezvous of this launcher (maybe joining a running job): the job

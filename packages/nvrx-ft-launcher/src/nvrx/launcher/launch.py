@@ -133,10 +133,6 @@ def launch(options: LaunchOptions, monitors: MonitorSupervisor | None = None) ->
     """
     config = options.config
     os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = config.signals_to_handle
-    # Each cycle's rank 0 hosts a fresh store for init_process_group. Sharing the
-    # launcher's store across restarts lets the new ranks read the previous cycle's
-    # gloo/NCCL addresses (connection refused at init).
-    os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     handled = _install_signal_handlers(config.signals_to_handle)
     params = RendezvousParameters(
         backend=config.rdzv_backend,

@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 from torch.distributed.elastic.rendezvous import RendezvousHandler, dynamic_rendezvous
 
-__all__ = ["tune_rendezvous"]
+__all__ = ["renew_worker_store", "tune_rendezvous"]
 
 _TORCH_SYNC_DELAY = 1
 _original: Callable[..., None] = dynamic_rendezvous._delay  # type: ignore[attr-defined]
@@ -59,3 +59,19 @@ def tune_rendezvous(handler: RendezvousHandler, interval: float) -> None:
         holder = handler._state_holder
         if isinstance(holder, dynamic_rendezvous._BackendRendezvousStateHolder):
             holder._cache_duration = interval  # type: ignore[assignment]
+
+
+def renew_worker_store(handler: RendezvousHandler) -> None:
+    """Make the next rendezvous host a new store for the ranks' ``init_process_group``.
+
+    Torch's handler hosts one TCPStore (on node rank 0) that the ranks of every attempt
+    share. Restarted ranks then find the previous attempt's keys there (gloo/NCCL
+    addresses of dead ranks: "connection refused" at init). Letting the ranks host it
+    instead (``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``) costs up to 1.5 s per restart,
+    when a rank's client backs off because rank 0's server is not up yet. So we keep
+    torch's launcher-hosted store and only forget it between attempts: the next
+    rendezvous creates a new one, empty, before any rank starts.
+    """
+    if isinstance(handler, dynamic_rendezvous.DynamicRendezvousHandler):
+        handler._shared_tcp_store_server = None
+        handler._bootstrap_store_info = None
