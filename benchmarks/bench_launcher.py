@@ -19,7 +19,6 @@ import json
 import os
 import pathlib
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -28,6 +27,7 @@ import time
 from typing import Any
 
 from _common import Metric
+from torch._C._distributed_c10d import TCPStore
 
 __all__ = ["run"]
 
@@ -37,8 +37,10 @@ AREA = "launcher"
 HEARTBEAT_TIMEOUT = 2.0
 
 _BARE = """
-import sys, time, torch, torch.distributed as dist
-dist.init_process_group("gloo", init_method=sys.argv[1], rank=int(sys.argv[2]), world_size=2)
+import datetime, sys, time, torch, torch.distributed as dist
+store = dist.TCPStore("127.0.0.1", int(sys.argv[1]), is_master=False,
+                      timeout=datetime.timedelta(seconds=60))
+dist.init_process_group("gloo", store=store, rank=int(sys.argv[2]), world_size=2)
 t = torch.ones(1)
 dist.all_reduce(t)
 print(time.time(), flush=True)
@@ -50,13 +52,6 @@ def _env() -> dict[str, str]:
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     env.pop("NVRX_FT_MONITOR_SOCKET", None)
     return env
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _events(out: pathlib.Path) -> list[dict[str, Any]]:
@@ -173,12 +168,15 @@ def _breakdown(samples: list[dict[str, float]], origin: str) -> dict[str, float]
 
 
 def _bare_start() -> float:
-    """Seconds for 2 fresh Pythons to import torch, form a gloo group and all-reduce."""
-    init = f"tcp://127.0.0.1:{_free_port()}"
+    """Seconds for 2 fresh Pythons to import torch, form a gloo group and all-reduce.
+
+    The store is up before they start, as the launcher's is for its ranks.
+    """
+    server = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     start = time.time()
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", _BARE, init, str(rank)],
+            [sys.executable, "-c", _BARE, str(server.port), str(rank)],
             stdout=subprocess.PIPE,
             env=_env(),
         )
