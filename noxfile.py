@@ -75,7 +75,8 @@ def install_packages(session: nox.Session, names: list[str], *extra: str) -> str
     return constraints
 
 
-def test_group(name: str) -> list[str]:
+def test_group(name: str) -> tuple[str, ...]:
+    """The ``test`` dependency group of one package's pyproject.toml."""
     return nox.project.dependency_groups(
         nox.project.load_toml(ROOT / "packages" / name / "pyproject.toml"), "test"
     )
