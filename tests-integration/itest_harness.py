@@ -11,6 +11,7 @@ carrying its marker. Either way nothing started by a test survives it.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
 import pathlib
@@ -61,6 +62,8 @@ FAST_FT: list[str] = [
     "--ft-enable-gpu-monitor=false",
     "--max-restarts=3",
 ]
+
+_PR_SET_PDEATHSIG = 1
 
 #: How long processes of a launcher that exited on its own may take to disappear.
 LEAK_GRACE_S = 5.0
@@ -115,6 +118,13 @@ def _describe(procs: Sequence[psutil.Process]) -> str:
     return "\n".join(lines)
 
 
+def _die_with_parent() -> None:
+    """In the launcher before exec: SIGTERM it when pytest dies (Linux), so even a
+    hard kill of the test run stops the launcher, which then stops its ranks."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+
+
 def _read_jsonl(path: pathlib.Path) -> list[Event]:
     if not path.exists():
         return []
@@ -156,6 +166,7 @@ class LauncherRun:
                 stderr=subprocess.STDOUT,
                 env=env,
                 start_new_session=True,
+                preexec_fn=_die_with_parent,
             )
         self.exit_code: int | None = None
 
