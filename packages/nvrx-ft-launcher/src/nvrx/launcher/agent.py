@@ -592,7 +592,7 @@ class FtAgent(LocalElasticAgent):
         try:
             self._rendezvous(wg)
         except BaseException as exc:
-            record["failed"] = f"{type(exc).__name__}: {exc}"
+            record["failed"] = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
             self._cycle_log.write(record)
             raise
         rendezvous_done = time.time()
