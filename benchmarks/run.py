@@ -1,9 +1,10 @@
 """Run every ``benchmarks/bench_*.py`` and write one JSON file and a table.
 
-    python benchmarks/run.py [--quick] [--only AREA ...] [--output PATH]
+    python benchmarks/run.py [--quick] [--only AREA ...] [--output PATH] [--publish PAGE]
 
 Results go to ``benchmarks/results/latest.json`` by default, with the machine
-they ran on. The same table is printed and written as Markdown next to it.
+they ran on. The same table is printed and written as Markdown next to it;
+``--publish docs/benchmarks.md`` also writes the docs page that shows it.
 """
 
 from __future__ import annotations
@@ -70,11 +71,25 @@ def table(metrics: list[Metric]) -> str:
     return "\n".join(rows)
 
 
+def publish(page: pathlib.Path, machine_info: dict[str, object], text: str) -> None:
+    """Write the docs page: the table and the machine it ran on."""
+    about = ", ".join(f"{k} {v}" for k, v in machine_info.items())
+    page.write_text(
+        "# Benchmarks\n\n"
+        "The latest `nox -s bench` run (`python benchmarks/run.py --publish docs/benchmarks.md`). "
+        "Each figure is a median over many samples; `target` is the budget the project "
+        "set for it, in the same unit. Per-phase breakdowns and ratios are in "
+        "`benchmarks/results/latest.json`.\n\n"
+        f"Machine: {about}.\n\n{text}\n"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer samples, for smoke runs")
     parser.add_argument("--only", nargs="*", default=[], help="areas to run (bench_<area>.py)")
     parser.add_argument("--output", type=pathlib.Path, default=HERE / "results" / "latest.json")
+    parser.add_argument("--publish", type=pathlib.Path, help="also write this docs page")
     args = parser.parse_args(argv)
 
     metrics: list[Metric] = []
@@ -88,8 +103,9 @@ def main(argv: list[str] | None = None) -> int:
             failed.append(path.stem)
 
     args.output.parent.mkdir(parents=True, exist_ok=True)
+    about = machine()
     report = {
-        "machine": machine(),
+        "machine": about,
         "metrics": [dataclasses.asdict(m) for m in metrics],
         "failed": failed,
     }
@@ -98,6 +114,9 @@ def main(argv: list[str] | None = None) -> int:
     args.output.with_suffix(".md").write_text(text + "\n")
     print(text)
     print(f"\nwrote {args.output}")
+    if args.publish is not None:
+        publish(args.publish, about, text)
+        print(f"wrote {args.publish}")
     if failed:
         print(f"benchmarks that failed: {', '.join(failed)}", file=sys.stderr)
     return 1 if failed or not metrics else 0
