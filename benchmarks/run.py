@@ -79,7 +79,12 @@ def publish(page: pathlib.Path, machine_info: dict[str, object], text: str) -> N
         "The latest `nox -s bench` run (`python benchmarks/run.py --publish docs/benchmarks.md`). "
         "Each figure is a median over many samples; `target` is the budget the project "
         "set for it, in the same unit. Per-phase breakdowns and ratios are in "
-        "`benchmarks/results/latest.json`.\n\n"
+        "`benchmarks/results/latest.json`: for crash and hang recovery it splits the "
+        "launcher's own phases (detect, stop, rendezvous, spawn) from the ranks' start-up "
+        "(Python, `import torch`, process group, first step), and `bare_start_floor` is "
+        "that start-up alone. Wall-clock figures move with the machine's load; ratios to "
+        "a baseline measured in the same run (torchrun, a bare contextmanager) move less."
+        "\n\n"
         f"Machine: {about}.\n\n{text}\n"
     )
 
