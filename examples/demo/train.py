@@ -3,7 +3,9 @@
 Each attempt (``TORCHELASTIC_RESTART_COUNT``) gets its fault from ``--faults``:
 ``kill,hang`` kills a rank in the first attempt and hangs one in the second; later
 attempts run clean. One rank can be made slow on purpose (``--slow-rank``) so the
-straggler report has something to find. Training resumes from the last checkpoint.
+straggler report has something to find; its sleep also sets a floor on the step time,
+so with the default step count both faults land mid-training on any machine. Training
+resumes from the last checkpoint.
 Rank 0 appends one JSON line per attempt to ``<out>/attempts.jsonl`` and writes
 ``<out>/result.json`` when training completes.
 """
@@ -132,7 +134,7 @@ def simulated_fault(faults: list[str], attempt: int, delay: float) -> SimulatedF
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=pathlib.Path, required=True)
-    parser.add_argument("--max-steps", type=int, default=300)
+    parser.add_argument("--max-steps", type=int, default=600)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--checkpoint-every", type=int, default=20)
     parser.add_argument("--faults", default="kill,hang", help="fault per attempt: kill|hang|none")
