@@ -218,7 +218,9 @@ def test_simulated_hang_is_detected_by_the_monitor(
     fault = {"fault_type": "rank_hung", "base_delay": 2.0, "rank_to_fail": 0}
     cfg = _cfg(tmp_path, max_steps=100000, step_sleep=0.05, simulated_fault=fault)
     rc, out = run_training(procs, cfg, monitor.env)
-    assert rc < 0, f"the hung rank must be terminated by a signal, got {rc}:\n{out}"
+    # The monitor's SIGTERM either kills the rank or, when Lightning's own SIGTERM
+    # handler gets there first, ends fit early; both end the hung run.
+    assert rc < 0 or "Received SIGTERM" in out, f"the hung rank was not terminated ({rc}):\n{out}"
     assert "Simulated fault rank_hung will hit this rank" in out
     terminated = [e for e in monitor.events_seen() if e["event"] == "rank_terminated"]
     assert terminated, out
