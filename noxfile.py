@@ -183,7 +183,7 @@ def docs(session: nox.Session) -> None:
     """Sphinx HTML docs, warnings as errors."""
     install_packages(session, list(PACKAGES), *STACK_EXTRAS, "sphinx>=7", "myst-parser>=3")
     out = ROOT / "docs" / "_build" / "html"
-    session.run("sphinx-build", "-W", "--keep-going", "-n", "-b", "html", "docs", str(out))
+    session.run("sphinx-build", "-W", "--keep-going", "-b", "html", "docs", str(out))
 
 
 @nox.session
