@@ -20,7 +20,7 @@ from .simulated_fault import (
     parse_simulated_fault_params,
     plan_simulated_fault,
 )
-from .training_state import TrainingProgress
+from .training_state import TrainingProgress, TrainingStateMachine
 
 __all__ = ["FINISHED_FLAG_ENV", "FtCallbackBase", "progress_from_trainer"]
 
@@ -87,6 +87,7 @@ class FtCallbackBase(Callback):
         self.fault_tol_client: RankMonitorClient | None = None
         self.state_file_path: Path | None = None
         self.simulated_fault: SimulatedFault | None = None
+        self.state_machine = TrainingStateMachine()
         self._rank = 0
         self._is_rank0 = True
 
@@ -211,6 +212,16 @@ class FtCallbackBase(Callback):
             update()
         except Exception as exc:
             self._log_own(logging.ERROR, "FT timeouts not updated: %r", exc)
+
+    def _end_fit(self, trainer: Trainer) -> None:
+        """Teardown of fit: with autoresume, rank 0 flags a completed training as finished."""
+        self.state_machine.on_teardown()
+        if (
+            self.autoresume
+            and self._is_rank0
+            and self.state_machine.is_training_completed(progress_from_trainer(trainer))
+        ):
+            self._create_finished_flag_file()
 
     def _create_finished_flag_file(self) -> None:
         flag = os.environ.get(FINISHED_FLAG_ENV, "")

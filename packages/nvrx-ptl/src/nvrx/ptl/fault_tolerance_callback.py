@@ -7,7 +7,7 @@ import os
 from typing import Any
 
 from ._compat import LightningModule, Trainer
-from ._ft_base import FtCallbackBase, progress_from_trainer
+from ._ft_base import FtCallbackBase
 from .simulated_fault import SimulatedFaultParams
 from .training_state import TrainingStateMachine
 
@@ -54,7 +54,6 @@ class FaultToleranceCallback(FtCallbackBase):
             exp_dir=exp_dir,
             logger_name=logger_name,
         )
-        self.state_machine = TrainingStateMachine()
 
     # -- set-up and tear-down ----------------------------------------------------------------
 
@@ -88,13 +87,7 @@ class FaultToleranceCallback(FtCallbackBase):
         if stage != "fit" or not self.is_initialized:
             return
         try:
-            self.state_machine.on_teardown()
-            if (
-                self.autoresume
-                and self._is_rank0
-                and self.state_machine.is_training_completed(progress_from_trainer(trainer))
-            ):
-                self._create_finished_flag_file()
+            self._end_fit(trainer)
             self._heartbeat()
             self._update_timeouts_safely(self._maybe_update_timeouts)
         finally:

@@ -12,7 +12,7 @@ from typing import Any
 from nvrx.ft import RankMonitorClientError, WorkloadAction, WorkloadControlRequest
 
 from ._compat import LightningModule, Trainer
-from ._ft_base import FtCallbackBase, progress_from_trainer
+from ._ft_base import FtCallbackBase
 from .simulated_fault import SimulatedFaultParams
 from .training_state import TrainingStateMachine, is_clean_stop
 
@@ -176,13 +176,7 @@ class FaultToleranceSectionsCallback(FtCallbackBase):
         if stage != "fit" or not self.is_initialized:
             return
         try:
-            self.state_machine.on_teardown()
-            if (
-                self.autoresume
-                and self._is_rank0
-                and self.state_machine.is_training_completed(progress_from_trainer(trainer))
-            ):
-                self._create_finished_flag_file()
+            self._end_fit(trainer)
             self._close_setup_section()
             self._update_timeouts_safely(lambda: self._maybe_update_timeouts(is_final=True))
         finally:
