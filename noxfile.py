@@ -203,7 +203,7 @@ def gpu_tests(session: nox.Session) -> None:
     if found in ("False", "0", ""):
         session.log("no CUDA GPU visible to torch: no gpu tests were run (this is not a pass)")
         return
-    session.install("cupti-python>=12")
+    session.install("cupti-python>=12.8")
     tests_dirs = [str(ROOT / "packages" / n / "tests") for n in PACKAGES]
     args = pytest_args(session, *tests_dirs, str(ROOT / "tests-integration"))
     # Exit code 5 (nothing collected) fails the session: gpu tests must exist.

@@ -9,6 +9,9 @@
   recovery minus this floor.
 - ``recovery_hang_beyond_timeout``: a rank is SIGSTOPped; time from the moment its
   heartbeat timeout elapsed to the first training step after the restart.
+- ``..._warm``: the same with ``--warm-spares``: the new ranks are spares that imported
+  torch while the job trained (the fault comes once they are idle, as a failure hours
+  into a run would), so the floor above no longer applies.
 - ``overhead_vs_torchrun``: wall time of ``ft_launcher --standalone --nproc-per-node 2``
   over ``torchrun`` on the same script that exits at once.
 """
@@ -26,6 +29,7 @@ import tempfile
 import time
 from typing import Any
 
+import psutil
 from _common import Metric
 from torch._C._distributed_c10d import TCPStore
 
@@ -92,8 +96,29 @@ def _first_step(out: pathlib.Path, cycle: int) -> float | None:
     return max(steps) if len(steps) >= 2 else None
 
 
+def _spares_idle(launcher: int, ranks: set[int]) -> bool:
+    """True when the launcher has 2 warm spares and both wait (imports done).
+
+    Ranks started from spares run the spare program too: ``ranks`` are their pids.
+    """
+    try:
+        spares = [
+            p
+            for p in psutil.Process(launcher).children()
+            if p.pid not in ranks and "_warm_spare.py" in " ".join(p.cmdline())
+        ]
+        if len(spares) != 2:
+            return False
+        before = [sum(p.cpu_times()[:2]) for p in spares]
+        time.sleep(0.3)
+        after = [sum(p.cpu_times()[:2]) for p in spares]
+    except psutil.Error:
+        return False
+    return before == after
+
+
 def _restart_job(
-    workdir: pathlib.Path, fault: str, restarts: int
+    workdir: pathlib.Path, fault: str, restarts: int, *, warm: bool = False
 ) -> tuple[list[dict[str, float]], str]:
     """Run one launcher; inject ``fault`` into rank 1 ``restarts`` times; time each."""
     out = workdir / "out"
@@ -106,6 +131,7 @@ def _restart_job(
         "--ft-rank-heartbeat-timeout", str(HEARTBEAT_TIMEOUT),
         "--ft-initial-rank-heartbeat-timeout", "120",
         "--ft-rank-termination-grace-period", "2", "--ft-cycle-log", str(cycles),
+        *(["--warm-spares"] if warm else []),
         str(TRAIN), "--out", str(out), "--steps", "1000000", "--step-time", "0.02",
     ]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=_env())
@@ -114,6 +140,9 @@ def _restart_job(
         for cycle in range(restarts):
             _wait(lambda c=cycle: _first_step(out, c), 120, f"training in cycle {cycle}")
             time.sleep(0.3)  # a few steps, so the heartbeat timeout is armed
+            if warm:
+                ranks = {e["pid"] for e in _events(out) if e["event"] == "start"}
+                _wait(lambda: _spares_idle(proc.pid, ranks), 120, "idle warm spares")
             pid = next(
                 e["pid"]
                 for e in _events(out)
@@ -209,27 +238,54 @@ def _overhead(samples: int, workdir: pathlib.Path) -> tuple[float, float]:
     return statistics.median(ours), statistics.median(theirs)
 
 
-def run(quick: bool) -> list[Metric]:
-    """Measure recovery after SIGKILL and SIGSTOP, the bare start floor, and overhead."""
+def _recovery(work: pathlib.Path, quick: bool, *, warm: bool) -> list[Metric]:
+    """Recovery after SIGKILL and beyond the timeout after SIGSTOP, cold or warm."""
+    suffix = "_warm" if warm else ""
     restarts = 2 if quick else 5
     hangs = 1 if quick else 3
+    (work / f"kill{suffix}").mkdir()
+    kills, _ = _restart_job(work / f"kill{suffix}", "sigkill", restarts, warm=warm)
+    recovery = statistics.median(s["first_step"] - s["fault"] for s in kills)
+    detail: dict[str, object] = dict(_breakdown(kills, "fault"))
+
+    (work / f"hang{suffix}").mkdir()
+    stops, _ = _restart_job(work / f"hang{suffix}", "sigstop", hangs, warm=warm)
+    for s in stops:
+        s["timeout_elapsed"] = s["last_heartbeat"] + HEARTBEAT_TIMEOUT
+    beyond = statistics.median(s["first_step"] - s["timeout_elapsed"] for s in stops)
+    hang_detail: dict[str, object] = dict(_breakdown(stops, "timeout_elapsed"))
+    hang_detail["heartbeat_timeout_s"] = HEARTBEAT_TIMEOUT
+    return [
+        Metric(AREA, f"recovery_sigkill{suffix}", recovery, "s", len(kills), 2.0, detail),
+        Metric(
+            AREA,
+            f"recovery_hang_beyond_timeout{suffix}",
+            beyond,
+            "s",
+            len(stops),
+            2.5,
+            hang_detail,
+        ),
+    ]
+
+
+def run(quick: bool) -> list[Metric]:
+    """Measure recovery (cold and warm), the bare start floor, and overhead."""
     overhead_samples = 3 if quick else 7
     metrics: list[Metric] = []
     with tempfile.TemporaryDirectory(prefix="bench-launcher-") as tmp:
         work = pathlib.Path(tmp)
-        (work / "kill").mkdir()
-        # The floor is sampled around the job, as the machine's load drifts.
-        bare = [_bare_start()]
-        kills, _ = _restart_job(work / "kill", "sigkill", restarts)
-        bare += [_bare_start() for _ in range(2 if quick else 4)]
+        # The floor is sampled around the cold jobs, as the machine's load drifts.
+        bare = [_bare_start() for _ in range(2 if quick else 3)]
+        cold = _recovery(work, quick, warm=False)
+        bare += [_bare_start() for _ in range(1 if quick else 2)]
         bare_s = statistics.median(bare)
-        recovery = statistics.median(s["first_step"] - s["fault"] for s in kills)
-        detail: dict[str, object] = dict(_breakdown(kills, "fault"))
-        detail["bare_start_s"] = bare_s
-        # Beyond the floor: launcher phases plus whatever the new ranks spend over it
-        # (exec shim, monitor client init); noisy on a loaded machine.
-        detail["launcher_added_s"] = recovery - bare_s
-        metrics.append(Metric(AREA, "recovery_sigkill", recovery, "s", len(kills), 2.0, detail))
+        for metric in cold:
+            # Beyond the floor: launcher phases plus whatever the new ranks spend over
+            # it (exec shim, monitor client init); noisy on a loaded machine.
+            metric.detail["bare_start_s"] = bare_s
+            metric.detail["launcher_added_s"] = metric.value - bare_s
+        metrics += cold
         metrics.append(
             Metric(
                 AREA,
@@ -241,19 +297,7 @@ def run(quick: bool) -> list[Metric]:
                 {"what": "2 Pythons: import torch + gloo process group + 1 all-reduce"},
             )
         )
-
-        (work / "hang").mkdir()
-        stops, _ = _restart_job(work / "hang", "sigstop", hangs)
-        for s in stops:
-            s["timeout_elapsed"] = s["last_heartbeat"] + HEARTBEAT_TIMEOUT
-        beyond = statistics.median(s["first_step"] - s["timeout_elapsed"] for s in stops)
-        hang_detail: dict[str, object] = dict(_breakdown(stops, "timeout_elapsed"))
-        hang_detail["heartbeat_timeout_s"] = HEARTBEAT_TIMEOUT
-        hang_detail["bare_start_s"] = bare_s
-        hang_detail["launcher_added_s"] = beyond - bare_s
-        metrics.append(
-            Metric(AREA, "recovery_hang_beyond_timeout", beyond, "s", len(stops), 2.5, hang_detail)
-        )
+        metrics += _recovery(work, quick, warm=True)
 
         ours, theirs = _overhead(overhead_samples, work)
         metrics.append(

@@ -25,6 +25,8 @@ def test_help_documents_torchrun_ft_and_launcher_options() -> None:
         "--ft-cfg-path",
         "--ft-max-no-progress-restarts",
         "--ft-progress-file",
+        "--warm-spares",
+        "--warm-spare-preload",
     ):
         assert option in text
     for field in FaultToleranceConfig.field_names():
@@ -94,6 +96,8 @@ def test_deprecated_ft_param_spelling_works_and_warns(caplog: pytest.LogCaptureF
         (["--nnodes", "1:2:3"], "1:2:3"),
         (["--nproc-per-node", "lots"], "lots"),
         (["--ft-param-safety-factor", "0.5"], "0.5"),
+        (["--warm-spare-preload", "torch,no_such_module_xyz"], "no_such_module_xyz"),
+        (["--warm-spare-preload", "torch.9bad"], "torch.9bad"),
     ],
 )
 def test_bad_values_are_usage_errors_naming_the_value(

@@ -1,14 +1,17 @@
 """The CUPTI kernel timer, driven by a stand-in for ``cupti.cupti`` on CPU.
 
-The stand-in has the cupti-python calls the timer uses and delivers activity
-records the way cupti-python does: decoded objects passed to the buffer-completed
-callback when buffers are flushed.
+The stand-in has the cupti-python calls the timer uses, with the signatures of
+cupti-python 13.4's ``cupti/cupti.pyi`` (output parameters are addresses, as there),
+and delivers activity records the way cupti-python does: decoded objects passed to
+the buffer-completed callback when buffers are flushed.
 """
 
 from __future__ import annotations
 
+import ctypes
 import enum
 import importlib
+import inspect
 import sys
 from typing import Any
 
@@ -87,9 +90,10 @@ class FakeCupti:
             batch, self.pending = self.pending, []
             self.completed(batch)
 
-    def activity_get_num_dropped_records(self, context: int, stream: int) -> int:
-        d, self.dropped = self.dropped, 0
-        return d
+    def activity_get_num_dropped_records(self, context: int, stream_id: int, dropped: int) -> None:
+        assert context == 0  # the global queue
+        ctypes.c_size_t.from_address(dropped).value = self.dropped
+        self.dropped = 0
 
     def finalize(self) -> None:
         self.finalized = True
@@ -211,3 +215,79 @@ def test_sections_without_kernel_records_explain_why() -> None:
     reasons = [n.reason for n in report.non_comparable if n.score == "gpu_relative"]
     assert "delivered no kernel records" in reasons[0]
     det.close()
+
+
+def _documented_signature(func: Any) -> inspect.Signature:
+    """The signature cupti-python's Cython functions state on their docstring's first line."""
+    first = (func.__doc__ or "").splitlines()[0]
+    inside = first[first.index("(") + 1 : first.index(")")]
+    names = [part.split(":")[0].strip() for part in inside.split(",") if part.strip()]
+    kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    return inspect.Signature([inspect.Parameter(name, kind) for name in names])
+
+
+class ConformingCupti:
+    """FakeCupti behind the real cupti-python's names and signatures.
+
+    Every call the timer makes is bound to the real binding's documented signature
+    first, so a wrong argument count or an unknown function fails here, on CPU,
+    instead of on a GPU node as a logged warning.
+    """
+
+    def __init__(self, real: Any, fake: FakeCupti) -> None:
+        self._real = real
+        self._fake = fake
+        self.ActivityKind = real.ActivityKind
+        self.called: list[str] = []
+
+    def __getattr__(self, name: str) -> Any:
+        signature = _documented_signature(getattr(self._real, name))
+        target = getattr(self._fake, name)
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            signature.bind(*args, **kwargs)
+            self.called.append(name)
+            return target(*args, **kwargs)
+
+        return call
+
+
+def test_every_cupti_call_matches_the_installed_cupti_python() -> None:
+    real = pytest.importorskip("cupti.cupti", reason="cupti-python is in the test group")
+    assert int(real.ActivityKind.CONCURRENT_KERNEL) == int(ActivityKind.CONCURRENT_KERNEL)
+    fake = FakeCupti()
+    conforming = ConformingCupti(real, fake)
+    timer = make_kernel_timer(cupti_module=conforming)
+    assert isinstance(timer, CuptiKernelTimer)
+    det = StragglerDetector(kernel_timer=timer)
+    with det.detection_section("fwd"):
+        fake.launch(Activity(K, "gemm", 1_000, 3_000))
+    fake.dropped = 5
+    report = det.generate_report()
+    assert report is not None
+    assert report.kernel_timing is not None
+    assert report.kernel_timing.dropped_records == 5
+    det.close()
+    assert set(conforming.called) == {
+        "subscribe",
+        "unsubscribe",
+        "activity_register_callbacks",
+        "activity_enable",
+        "activity_disable",
+        "activity_flush_all",
+        "activity_get_num_dropped_records",
+    }
+
+
+def test_the_real_multiple_subscribers_error_is_recognised() -> None:
+    real = pytest.importorskip("cupti.cupti", reason="cupti-python is in the test group")
+    fake = FakeCupti()
+
+    def busy(callback: Any, userdata: Any) -> int:
+        raise real.cuptiError(int(real.Result.ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED))
+
+    fake.subscribe = busy  # type: ignore[method-assign]
+    timer = make_kernel_timer(cupti_module=ConformingCupti(real, fake))
+    assert not timer.status.available
+    assert "another CUPTI subscriber" in (timer.status.reason or "")
+    assert fake.completed is None

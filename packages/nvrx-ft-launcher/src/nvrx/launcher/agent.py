@@ -48,12 +48,16 @@ from .journal import JsonLines
 from .monitors import MonitorSupervisor
 from .progress import made_progress, read_progress
 from .rendezvous import renew_worker_store
+from .spares import SparePool, spare_handlers
 
 __all__ = ["FtAgent", "LauncherExit", "RestartPolicy"]
 
 logger = logging.getLogger("nvrx.launcher")
 
 _WAITING_CHECK_PERIOD_S = 1.0
+# Warm spares start once every rank of the cycle connected to its monitor (its own
+# start-up is over, so they do not compete with it), or after this long regardless.
+_SPARES_AFTER_S = 10.0
 
 
 class LauncherExit(Exception):
@@ -86,6 +90,7 @@ class _Cycle:
     connected: set[int] = dataclasses.field(default_factory=set)
     terminated: dict[int, MonitorEvent] = dataclasses.field(default_factory=dict)
     first_report: float | None = None
+    spares_started: bool = False
 
 
 def _on_sigchld(signum: int, frame: object) -> None:
@@ -129,6 +134,7 @@ class FtAgent(LocalElasticAgent):
         cycle_log: JsonLines,
         start_method: str = "spawn",
         log_line_prefix_template: str | None = None,
+        spares: SparePool | None = None,
     ) -> None:
         super().__init__(
             spec,
@@ -151,6 +157,7 @@ class FtAgent(LocalElasticAgent):
         self._stopping = False
         self._next_waiting_check = 0.0
         self._wake: socket.socket | None = None
+        self._spares = spares
 
     # -- what the launcher asks after the run ------------------------------------
 
@@ -212,7 +219,11 @@ class FtAgent(LocalElasticAgent):
             started=time.time(),
             progress=read_progress(self._policy.progress_file),
         )
-        worker_ids: dict[int, Any] = super()._start_workers(worker_group)
+        with spare_handlers(self._spares) as handlers:
+            worker_ids: dict[int, Any] = super()._start_workers(worker_group)
+        warm = sorted(h.local_rank_id for h in handlers if h.warm)
+        if warm:
+            logger.info("local ranks %s started from warm spares", warm)
         self._journal.write(
             {
                 "event": "workers_started",
@@ -222,6 +233,7 @@ class FtAgent(LocalElasticAgent):
                 "group_world_size": worker_group.group_world_size,
                 "ranks": {w.local_rank: w.global_rank for w in worker_group.workers},
                 "pids": worker_ids,
+                "warm_local_ranks": warm,
             }
         )
         return worker_ids
@@ -374,6 +386,7 @@ class FtAgent(LocalElasticAgent):
                 elif event.action == "ExcludeThisNode":
                     exclude = exclude or event
 
+        self._maybe_start_spares(wg.spec.local_world_size)
         for local_rank, code in sorted(self._monitors.dead().items()):
             served = local_rank in self._cycle.connected
             logger.error(
@@ -435,6 +448,15 @@ class FtAgent(LocalElasticAgent):
             decision = coord.decide(cycle, lambda state: self._restart(state, reason))
             return self._apply(decision, noticed)
         return None
+
+    def _maybe_start_spares(self, local_world_size: int) -> None:
+        if self._spares is None or self._cycle.spares_started:
+            return
+        up = len(self._cycle.connected) >= local_world_size
+        if up or time.time() - self._cycle.started >= _SPARES_AFTER_S:
+            self._cycle.spares_started = True
+            started = self._spares.fill()
+            logger.debug("warm spares started for local ranks %s", started)
 
     def _nodes_waiting(self) -> int:
         # Reads the whole rendezvous state from the store: once a second is plenty for

@@ -57,6 +57,20 @@ _COUNT = _number(int, minimum=0, what="an integer >= 0")
 _POSITIVE = _number(int, minimum=1, what="an integer >= 1")
 
 
+def _module_list(text: str) -> tuple[str, ...]:
+    """A comma-separated list of importable top-level packages or dotted modules."""
+    import importlib.util
+
+    names = tuple(name.strip() for name in text.split(",") if name.strip())
+    for name in names:
+        top = name.split(".")[0]
+        if not all(part.isidentifier() for part in name.split(".")):
+            raise argparse.ArgumentTypeError(f"invalid module name {name!r}")
+        if importlib.util.find_spec(top) is None:
+            raise argparse.ArgumentTypeError(f"module {top!r} is not installed")
+    return names
+
+
 class _DeprecatedOption(argparse.Action):
     """An old NVRx spelling: works like its replacement and says so once."""
 
@@ -110,7 +124,7 @@ def _add_deprecated_ft_aliases(parser: argparse.ArgumentParser) -> None:
 
 def get_parser() -> argparse.ArgumentParser:
     """The ft_launcher argument parser (also used to generate the CLI reference)."""
-    from torch.distributed.argparse_util import env
+    from torch.distributed.argparse_util import check_env, env
     from torch.distributed.run import get_args_parser
 
     parser = get_args_parser()
@@ -157,6 +171,23 @@ def get_parser() -> argparse.ArgumentParser:
         type=_SECONDS,
         default=30.0,
         help="seconds to wait for a rank monitor to come up",
+    )
+    restart.add_argument(
+        "--warm-spares",
+        "--warm_spares",
+        action=check_env,
+        help="keep one spare Python per local rank, with --warm-spare-preload imported, so a "
+        "restart skips interpreter start-up and the imports (seconds per rank); costs one "
+        "idle process per local rank. Needs a Python script or -m module (not --no-python)",
+    )
+    restart.add_argument(
+        "--warm-spare-preload",
+        "--warm_spare_preload",
+        action=env,
+        type=_module_list,
+        default=("torch",),
+        help="comma-separated modules a warm spare imports before it is needed "
+        "(default: torch), e.g. torch,lightning",
     )
     restart.add_argument(
         "--ft-max-no-progress-restarts",
@@ -262,6 +293,8 @@ def _options(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Launc
         workers_stop_timeout=args.workers_stop_timeout,
         monitor_ready_timeout=args.monitor_ready_timeout,
         rdzv_poll_interval=args.rdzv_poll_interval,
+        warm_spares=args.warm_spares,
+        warm_spare_preload=tuple(args.warm_spare_preload),
         max_no_progress_restarts=args.ft_max_no_progress_restarts,
         min_progress_iterations=args.ft_min_progress_iterations,
         progress_file=args.ft_progress_file,

@@ -36,6 +36,7 @@ from .exit_codes import ExitCode, exit_code_for_signal
 from .journal import JsonLines
 from .monitors import MonitorSupervisor
 from .rendezvous import tune_rendezvous
+from .spares import SparePool, python_command
 
 __all__ = ["LaunchOptions", "launch"]
 
@@ -60,6 +61,8 @@ class LaunchOptions:
     progress_file: str | None = None
     cycle_log: str | None = None
     journal: str | None = None
+    warm_spares: bool = False
+    warm_spare_preload: tuple[str, ...] = ("torch",)
 
 
 def _raise_signal(signum: int, frame: FrameType | None) -> None:
@@ -125,6 +128,24 @@ def _spec(
     )
 
 
+def _spare_pool(options: LaunchOptions) -> SparePool | None:
+    if not options.warm_spares:
+        return None
+    command = python_command(options.command)
+    if command is None:
+        logger.warning(
+            "--warm-spares needs a Python script or -m module run by %s with no options "
+            "other than %s; ranks will start cold: %s",
+            sys.executable,
+            "-u -B -O -OO -s -E",
+            options.command,
+        )
+        return None
+    return SparePool(
+        command, options.warm_spare_preload, options.config.nproc_per_node, shim=_EXEC_SHIM
+    )
+
+
 def launch(options: LaunchOptions, monitors: MonitorSupervisor | None = None) -> int:
     """Run this node's share of the job and return the launcher's exit code.
 
@@ -157,6 +178,7 @@ def launch(options: LaunchOptions, monitors: MonitorSupervisor | None = None) ->
     reason = ""
     final_record = True
     handler: RendezvousHandler | None = None
+    spares = _spare_pool(options)
     try:
         if monitors is None:
             monitors = MonitorSupervisor(
@@ -178,6 +200,7 @@ def launch(options: LaunchOptions, monitors: MonitorSupervisor | None = None) ->
             log_line_prefix_template=config.log_line_prefix_template,
             journal=journal,
             cycle_log=cycle_log,
+            spares=spares,
         )
         journal.write(
             {
@@ -216,6 +239,8 @@ def launch(options: LaunchOptions, monitors: MonitorSupervisor | None = None) ->
             signal.signal(sig, signal.SIG_IGN)
         if agent is not None:
             agent.kill_leftover_workers()
+        if spares is not None:
+            spares.close()
         if monitors is not None:
             monitors.close()
         if final_record:

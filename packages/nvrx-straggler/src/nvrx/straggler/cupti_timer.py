@@ -15,6 +15,7 @@ CUPTI users keep working after shutdown.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import threading
 from typing import Any
@@ -138,8 +139,12 @@ class CuptiKernelTimer:
         log.warning("straggler detection: %s", self._failed)
 
     def _dropped_by_cupti(self) -> int:
+        # cupti-python: (context, stream_id, address of the size_t it writes); context 0
+        # is CUPTI's global queue, where records go unless per-context buffers are used.
+        dropped = ctypes.c_size_t(0)
         try:
-            return int(self._cupti.activity_get_num_dropped_records(0, 0))
+            self._cupti.activity_get_num_dropped_records(0, 0, ctypes.addressof(dropped))
+            return int(dropped.value)
         except Exception as e:
             if not self._dropped_query_failed:  # the count is unknown: say so, once
                 self._dropped_query_failed = True
