@@ -142,7 +142,7 @@ def _restart_job(
             time.sleep(0.3)  # a few steps, so the heartbeat timeout is armed
             if warm:
                 ranks = {e["pid"] for e in _events(out) if e["event"] == "start"}
-                _wait(lambda: _spares_idle(proc.pid, ranks), 120, "idle warm spares")
+                _wait(lambda r=ranks: _spares_idle(proc.pid, r), 120, "idle warm spares")
             pid = next(
                 e["pid"]
                 for e in _events(out)

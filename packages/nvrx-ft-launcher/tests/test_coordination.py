@@ -1,4 +1,8 @@
-"""Job-wide decisions through a real TCPStore, as two launchers would share it."""
+"""Job-wide decisions through a real store, as two launchers would share it.
+
+Each test runs on a TCPStore (the c10d rendezvous) and on a store that, like torch's
+EtcdStore, has only set/get/add/check/wait: no compare-and-set.
+"""
 
 from __future__ import annotations
 
@@ -6,14 +10,42 @@ import datetime
 import pathlib
 
 import pytest
-from torch._C._distributed_c10d import PrefixStore, TCPStore
+from torch._C._distributed_c10d import HashStore, PrefixStore, Store, TCPStore
 
 from nvrx.launcher.coordination import Action, Decision, JobCoordinator, JobState
 from nvrx.launcher.progress import made_progress, read_progress
 
 
-@pytest.fixture
-def store() -> TCPStore:
+class EtcdLikeStore(Store):
+    """The operations torch's EtcdStore implements, over a HashStore."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._inner = HashStore()
+
+    def set(self, key: str, value: str) -> None:
+        self._inner.set(key, value)
+
+    def get(self, key: str) -> bytes:
+        return self._inner.get(key)
+
+    def add(self, key: str, num: int) -> int:
+        return self._inner.add(key, num)
+
+    def check(self, keys: list[str]) -> bool:
+        return self._inner.check(keys)
+
+    def wait(self, keys: list[str], timeout: datetime.timedelta | None = None) -> None:
+        if timeout is None:
+            self._inner.wait(keys)
+        else:
+            self._inner.wait(keys, timeout)
+
+
+@pytest.fixture(params=["tcp", "etcd-like"])
+def store(request: pytest.FixtureRequest) -> Store:
+    if request.param == "etcd-like":
+        return EtcdLikeStore()
     return TCPStore(
         "127.0.0.1",
         0,
@@ -36,7 +68,7 @@ def _restart(node: str) -> object:
     return make
 
 
-def test_first_claim_wins_and_everyone_sees_the_same_decision(store: TCPStore) -> None:
+def test_first_claim_wins_and_everyone_sees_the_same_decision(store: Store) -> None:
     round_store = PrefixStore("torch.rendezvous.job.3", store)
     a = JobCoordinator(round_store, "job", "node-a")
     b = JobCoordinator(store, "job", "node-b")
@@ -51,13 +83,13 @@ def test_first_claim_wins_and_everyone_sees_the_same_decision(store: TCPStore) -
     assert b.poll(1) is None
 
 
-def test_other_runs_do_not_interfere(store: TCPStore) -> None:
+def test_other_runs_do_not_interfere(store: Store) -> None:
     JobCoordinator(store, "run-1", "n").decide(0, _restart("n"))  # type: ignore[arg-type]
     assert JobCoordinator(store, "run-2", "n").poll(0) is None
     assert JobCoordinator(store, "run-2", "n").state() == JobState()
 
 
-def test_exit_barrier_counts(store: TCPStore) -> None:
+def test_exit_barrier_counts(store: Store) -> None:
     a = JobCoordinator(store, "job", "a")
     b = JobCoordinator(store, "job", "b")
     assert a.arrive(2) == 1

@@ -2,8 +2,9 @@
 
 One decision per cycle (the span between two (re)starts of the workers): the first
 launcher that sees a reason to restart or stop claims the cycle with an atomic
-compare-and-set, computes the decision from the job state (restart budget, progress)
-and publishes it; every other launcher polls for it each tick and follows it. So a
+``add`` (the one that takes the counter to 1 wins; every torch store has ``add``, while
+etcd's has no compare-and-set), computes the decision from the job state (restart
+budget, progress) and publishes it; every other launcher polls for it each tick and follows it. So a
 healthy node learns of a restart within one monitor interval, the budget is counted
 once per job restart however many nodes fail, and all nodes agree on the exit code.
 Everything on the wire is JSON.
@@ -93,7 +94,10 @@ class JobCoordinator:
     """Claims, publishes and reads the per-cycle decisions of one job (one run id)."""
 
     def __init__(self, store: Store, run_id: str, node: str) -> None:
-        self._store = PrefixStore(f"nvrx.launcher.{run_id}", base_store(store))
+        # A store written in Python (torch's EtcdStore) works from C++ only while its
+        # Python object lives: hold it here, not just through the PrefixStore.
+        self._base = base_store(store)
+        self._store = PrefixStore(f"nvrx.launcher.{run_id}", self._base)
         self._node = node
 
     @property
@@ -124,9 +128,8 @@ class JobCoordinator:
 
         Returns the decision in force, ours or the winner's.
         """
-        winner = self._store.compare_set(f"cycle/{cycle}/claim", "", self._node)
         key = f"cycle/{cycle}/decision"
-        if winner.decode("utf-8", errors="replace") == self._node:
+        if self._store.add(f"cycle/{cycle}/claim", 1) == 1:
             decision = make(self.state())
             self._store.set("state", json.dumps(dataclasses.asdict(decision.state)))
             self._store.set(key, decision.to_json())
