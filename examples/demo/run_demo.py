@@ -40,6 +40,9 @@ def launcher_command(out: pathlib.Path, args: argparse.Namespace) -> list[str]:
         "--ft-initial-rank-heartbeat-timeout=90",
         f"--ft-rank-heartbeat-timeout={args.heartbeat_timeout}",
         "--workers-stop-timeout=2",
+        # Restarted ranks come from spares that imported torch and Lightning already.
+        "--warm-spares",
+        "--warm-spare-preload=torch,lightning",
         str(HERE / "train.py"),
         f"--out={out}",
         f"--max-steps={args.max_steps}",
@@ -79,6 +82,11 @@ def describe_restarts(journal: list[dict[str, Any]]) -> list[str]:
     """One line per restart: the launcher's decision (the cause) and how long it took."""
     decisions = [e for e in journal if e["event"] == "decision" and e["action"] == "restart"]
     restarts = [e for e in journal if e["event"] == "restart"]
+    warm = {
+        e["cycle"]: e.get("warm_local_ranks", [])
+        for e in journal
+        if e["event"] == "workers_started"
+    }
     lines = []
     for number, decision in enumerate(decisions, 1):
         line = f"restart {number}: {decision['reason']}"
@@ -86,7 +94,8 @@ def describe_restarts(journal: list[dict[str, Any]]) -> list[str]:
             r = restarts[number - 1]
             line += (
                 f"\n      back up in {r['total_s']:.2f} s (stop {r['stop_s']:.2f} s, "
-                f"rendezvous {r['rendezvous_s']:.2f} s, spawn {r['spawn_s']:.2f} s)"
+                f"rendezvous {r['rendezvous_s']:.2f} s, spawn {r['spawn_s']:.2f} s); "
+                f"local ranks started from warm spares: {warm.get(r['cycle'], [])}"
             )
         lines.append(line)
     return lines
