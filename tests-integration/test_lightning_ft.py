@@ -75,3 +75,22 @@ def test_damaged_ft_state_falls_back_to_config_timeouts(
     state = load_ft_state(state_file)
     assert state is not None
     assert state["current_timeouts"]["heartbeat"]["were_calculated"] is True
+
+
+@pytest.mark.timeout(240)
+def test_lightning_job_restarts_through_warm_spares(launch: Launch) -> None:
+    # The restarted ranks are spares that imported torch and Lightning while attempt 0
+    # trained; the script then runs in them as __main__ and resumes from its checkpoint.
+    script_args = ["--max-steps", str(MAX_STEPS), "--checkpoint-every", "2"]
+    run = launch(
+        [*script_args, "--fault", "sigkill:1:5:0"],
+        [*FT_ARGS, "--warm-spares", "--warm-spare-preload=torch,lightning"],
+        script=LIGHTNING_STEPS,
+    )
+    run.expect_exit(0, timeout=210)
+    assert "local ranks [0, 1] started from warm spares" in run.log()
+    reasons = restart_reasons(run.cycles())
+    assert len(reasons) == 1, reasons
+    assert matches(r"rank 1 \(local rank 1, pid \d+\) was killed by signal SIGKILL", reasons[0])
+    found = assert_every_step_once(run.journal(), MAX_STEPS)
+    assert found == {0: 0, 1: 4}, f"resume points {found}"
