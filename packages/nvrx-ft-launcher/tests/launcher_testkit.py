@@ -55,6 +55,17 @@ def read_events(out: pathlib.Path) -> list[dict[str, Any]]:
     return events
 
 
+def all_gone(procs: list[psutil.Process]) -> bool:
+    """True when none of ``procs`` runs any more (a zombie awaiting its reaper counts)."""
+    for proc in procs:
+        try:
+            if proc.status() != psutil.STATUS_ZOMBIE:
+                return False
+        except psutil.NoSuchProcess:
+            continue
+    return True
+
+
 def wait_for(condition: Callable[[], bool], timeout: float = 60.0, what: str = "condition") -> None:
     """Poll ``condition`` until true; fail the test after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
@@ -98,13 +109,17 @@ class Launcher:
         self._seen.update(p.pid for p in procs)
         return procs
 
-    def monitor_pids(self) -> list[int]:
+    def running(self, fragment: str) -> list[psutil.Process]:
+        """Live processes under the launcher whose command line contains ``fragment``."""
         out = []
         for proc in self.descendants():
             with contextlib.suppress(psutil.Error):
-                if "nvrx.ft.monitor_main" in " ".join(proc.cmdline()):
-                    out.append(proc.pid)
+                if fragment in " ".join(proc.cmdline()):
+                    out.append(proc)
         return out
+
+    def monitor_pids(self) -> list[int]:
+        return [proc.pid for proc in self.running("nvrx.ft.monitor_main")]
 
     def wait(self, timeout: float = 120.0) -> int:
         try:

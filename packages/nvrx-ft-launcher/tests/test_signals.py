@@ -8,7 +8,12 @@ from collections.abc import Callable
 
 import psutil
 import pytest
-from launcher_testkit import Launcher, read_events, wait_for  # type: ignore[import-not-found]
+from launcher_testkit import (  # type: ignore[import-not-found]
+    Launcher,
+    all_gone,
+    read_events,
+    wait_for,
+)
 
 from nvrx.launcher.exit_codes import exit_code_for_signal
 
@@ -33,16 +38,7 @@ def _running(launcher: Launcher, ranks: int) -> list[psutil.Process]:
 
 
 def _all_gone(procs: list[psutil.Process], timeout: float = 30.0) -> None:
-    def gone() -> bool:
-        for proc in procs:
-            try:
-                if proc.status() != psutil.STATUS_ZOMBIE:
-                    return False
-            except psutil.NoSuchProcess:
-                continue
-        return True
-
-    wait_for(gone, timeout=timeout, what="every rank and monitor to exit")
+    wait_for(lambda: all_gone(procs), timeout=timeout, what="every rank and monitor to exit")
 
 
 @pytest.mark.timeout(120)

@@ -9,18 +9,23 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
-import psutil
 import pytest
-from launcher_testkit import Launcher, read_events, wait_for  # type: ignore[import-not-found]
+from launcher_testkit import (  # type: ignore[import-not-found]
+    Launcher,
+    all_gone,
+    read_events,
+    wait_for,
+)
 
 from nvrx.launcher import ExitCode
-from nvrx.launcher.spares import PythonCommand, python_command
+from nvrx.launcher.spares import PythonCommand, python_command, spare_command
 
 Start = Callable[..., Launcher]
+StartSpare = Callable[..., tuple["subprocess.Popen[bytes]", socket.socket]]
 PY = sys.executable
-SPARE = pathlib.Path(sys.modules["nvrx.launcher.spares"].__file__ or "").with_name("_warm_spare.py")
+SPARE = "_warm_spare.py"  # in the command line of every spare
 
 
 @pytest.mark.parametrize(
@@ -41,20 +46,37 @@ def test_which_commands_a_spare_can_run(command: list[str], expected: PythonComm
     assert python_command(command) == expected
 
 
-def _spare(
-    preload: str = "json", cwd: pathlib.Path | None = None
-) -> tuple[subprocess.Popen[bytes], socket.socket]:
-    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    proc = subprocess.Popen(
-        [sys.executable, "-u", str(SPARE), str(os.getpid()), str(theirs.fileno()), preload],
-        pass_fds=(theirs.fileno(),),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-        cwd=cwd,
-    )
-    theirs.close()
-    return proc, ours
+@pytest.fixture
+def start_spare() -> Iterator[StartSpare]:
+    """Start spares as the pool does (through the exec shim); all are killed after."""
+    started: list[subprocess.Popen[bytes]] = []
+
+    def start(
+        cwd: pathlib.Path | None = None, launcher_pid: int | None = None
+    ) -> tuple[subprocess.Popen[bytes], socket.socket]:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        command = PythonCommand(PY, ("-u",), ("prog.py",))
+        argv = spare_command(command, ["json"], theirs.fileno())
+        if launcher_pid is not None:  # pretend another process is its launcher
+            argv[argv.index(str(os.getpid()))] = str(launcher_pid)
+        proc = subprocess.Popen(
+            argv,
+            pass_fds=(theirs.fileno(),),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+            cwd=cwd,
+        )
+        theirs.close()
+        started.append(proc)
+        return proc, ours
+
+    try:
+        yield start
+    finally:
+        for proc in started:
+            proc.kill()
+            proc.wait()
 
 
 def _hand_over(
@@ -69,7 +91,7 @@ def _hand_over(
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("as_module", [False, True])
 def test_spare_runs_the_program_as_main_with_its_env_argv_and_streams(
-    tmp_path: pathlib.Path, as_module: bool
+    start_spare: StartSpare, tmp_path: pathlib.Path, as_module: bool
 ) -> None:
     (tmp_path / "prog.py").write_text(
         "import os, sys\n"
@@ -80,15 +102,11 @@ def test_spare_runs_the_program_as_main_with_its_env_argv_and_streams(
     )
     # As with ``python -m``, a module is found from the working directory.
     cwd = tmp_path if as_module else pathlib.Path.cwd()
-    proc, sock = _spare(cwd=cwd)
-    try:
-        env = {"RANK": "5", "CODE": "7"}
-        argv = ["-m", "prog", "--a", "b"] if as_module else [str(tmp_path / "prog.py"), "--a", "b"]
-        _hand_over(sock, argv, env, tmp_path)
-        assert proc.wait(30) == 7
-    finally:
-        proc.kill()
-        proc.wait()
+    proc, sock = start_spare(cwd=cwd)
+    env = {"RANK": "5", "CODE": "7"}
+    argv = ["-m", "prog", "--a", "b"] if as_module else [str(tmp_path / "prog.py"), "--a", "b"]
+    _hand_over(sock, argv, env, tmp_path)
+    assert proc.wait(30) == 7
     stdout = (tmp_path / "stdout").read_text().splitlines()
     assert stdout[0] == "argv ['--a', 'b'] rank 5 main __main__"
     assert stdout[1] == f"path0 {tmp_path}"
@@ -96,61 +114,29 @@ def test_spare_runs_the_program_as_main_with_its_env_argv_and_streams(
 
 
 @pytest.mark.timeout(60)
-def test_spare_exception_exits_1_with_the_traceback_on_its_stderr(tmp_path: pathlib.Path) -> None:
+def test_spare_exception_exits_1_with_the_traceback_on_its_stderr(
+    start_spare: StartSpare, tmp_path: pathlib.Path
+) -> None:
     (tmp_path / "prog.py").write_text("raise RuntimeError('boom in rank')\n")
-    proc, sock = _spare()
-    try:
-        _hand_over(sock, [str(tmp_path / "prog.py")], {}, tmp_path)
-        assert proc.wait(30) == 1
-    finally:
-        proc.kill()
-        proc.wait()
+    proc, sock = start_spare()
+    _hand_over(sock, [str(tmp_path / "prog.py")], {}, tmp_path)
+    assert proc.wait(30) == 1
     assert "RuntimeError: boom in rank" in (tmp_path / "stderr").read_text()
 
 
 @pytest.mark.timeout(60)
-def test_unneeded_spare_exits_when_its_socket_closes() -> None:
-    proc, sock = _spare()
+def test_unneeded_spare_exits_when_its_socket_closes(start_spare: StartSpare) -> None:
+    proc, sock = start_spare()
     sock.close()
     assert proc.wait(30) == 0
 
 
 @pytest.mark.timeout(60)
-def test_spare_whose_launcher_is_gone_does_not_stay() -> None:
-    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    # A launcher pid that is not our parent: the spare must not wait for work.
-    proc = subprocess.Popen(
-        [sys.executable, str(SPARE), "1", str(theirs.fileno()), ""],
-        pass_fds=(theirs.fileno(),),
-    )
-    theirs.close()
-    try:
-        assert proc.wait(30) == 128 + signal.SIGKILL
-    finally:
-        ours.close()
-        proc.kill()
-        proc.wait()
-
-
-def _spare_pids(launcher: Launcher) -> list[int]:
-    pids = []
-    for proc in launcher.descendants():
-        try:
-            if "_warm_spare.py" in " ".join(proc.cmdline()):
-                pids.append(proc.pid)
-        except psutil.Error:
-            continue
-    return pids
-
-
-def _gone(pids: list[int]) -> bool:
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                return False
-        except psutil.NoSuchProcess:
-            continue
-    return True
+def test_spare_whose_launcher_is_gone_does_not_stay(start_spare: StartSpare) -> None:
+    # A launcher pid that is not the spare's parent: it must not wait for work.
+    proc, sock = start_spare(launcher_pid=1)
+    assert proc.wait(30) == 128 + signal.SIGKILL
+    sock.close()
 
 
 @pytest.mark.multiprocess
@@ -192,16 +178,16 @@ def test_spares_are_stopped_on_success_and_die_with_a_killed_launcher(
         ["--nproc-per-node", "2", "--warm-spares"], ["--steps", "40", "--step-time", "0.1"],
         name="finished",
     )  # fmt: skip
-    wait_for(lambda: len(_spare_pids(finished)) == 2, timeout=60, what="two warm spares")
-    spares = _spare_pids(finished)
+    wait_for(lambda: len(finished.running(SPARE)) == 2, timeout=60, what="two warm spares")
+    spares = finished.running(SPARE)
     assert finished.wait() == ExitCode.SUCCESS, finished.log()
-    assert _gone(spares)
+    assert all_gone(spares)
 
     killed = start_launcher(
         ["--nproc-per-node", "2", "--warm-spares"], ["--steps", "100000"], name="killed"
     )
-    wait_for(lambda: len(_spare_pids(killed)) == 2, timeout=60, what="two warm spares")
-    spares = _spare_pids(killed)
+    wait_for(lambda: len(killed.running(SPARE)) == 2, timeout=60, what="two warm spares")
+    spares = killed.running(SPARE)
     killed.proc.send_signal(signal.SIGKILL)
     killed.wait(30)
-    wait_for(lambda: _gone(spares), timeout=30, what="the spares to die with their launcher")
+    wait_for(lambda: all_gone(spares), timeout=30, what="the spares to die with their launcher")

@@ -1,8 +1,8 @@
 """A warm spare: a Python that imports the heavy modules early, then becomes a rank.
 
-Run as ``python [-u] _warm_spare.py LAUNCHER_PID FD MODULE[,MODULE...] [COMMAND...]``
-(COMMAND, the rank's program, is only there for ``ps`` to show). It asks the
-kernel to SIGKILL it when the launcher dies, imports the modules (torch by default)
+Run as ``python [-u] _warm_spare.py FD MODULE[,MODULE...] [COMMAND...]`` through the
+exec shim, which ties it to the launcher as it does a rank (COMMAND, the rank's
+program, is only there for ``ps`` to show). It imports the modules (torch by default)
 while the current ranks train, then waits on socket ``FD`` for one JSON message: the
 rank's argv, environment and, as passed descriptors, its stdout and stderr. It then
 runs the script (or ``-m`` module) as ``__main__``, exactly as ``python`` would, so a
@@ -14,27 +14,16 @@ Standard library only; what it receives is JSON, never pickle.
 
 from __future__ import annotations
 
-import ctypes
 import importlib
 import json
 import os
 import runpy
-import signal
 import socket
 import sys
 
 __all__: list[str] = []
 
-_PR_SET_PDEATHSIG = 1
 _MAX_MESSAGE_BYTES = 4 * 1024 * 1024
-
-
-def _die_with(launcher_pid: int) -> None:
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
-    if os.getppid() != launcher_pid:
-        os._exit(128 + int(signal.SIGKILL))
 
 
 def _preload(modules: str) -> None:
@@ -83,9 +72,8 @@ def _become_rank(message: dict[str, object], fds: list[int]) -> None:
 
 
 def _main(argv: list[str]) -> None:
-    _die_with(int(argv[1]))
-    fd = int(argv[2])
-    _preload(argv[3])
+    fd = int(argv[1])
+    _preload(argv[2])
     message, fds = _receive(fd)
     _become_rank(message, fds)
 

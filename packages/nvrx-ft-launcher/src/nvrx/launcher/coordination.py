@@ -1,12 +1,13 @@
 """Job-wide decisions shared by every node's launcher through the rendezvous store.
 
 One decision per cycle (the span between two (re)starts of the workers): the first
-launcher that sees a reason to restart or stop claims the cycle with an atomic
-``add`` (the one that takes the counter to 1 wins; every torch store has ``add``, while
-etcd's has no compare-and-set), computes the decision from the job state (restart
-budget, progress) and publishes it; every other launcher polls for it each tick and follows it. So a
-healthy node learns of a restart within one monitor interval, the budget is counted
-once per job restart however many nodes fail, and all nodes agree on the exit code.
+launcher that sees a reason to restart or stop claims the cycle with an atomic ``add``
+(the one that takes the counter to 1 wins; every torch store has ``add``, while etcd's
+has no compare-and-set), computes the decision from the job state (restart budget,
+progress) and publishes it; every other launcher polls for it each tick and follows
+it. So a healthy node learns of a restart within one monitor interval, the budget is
+counted once per job restart however many nodes fail, and all nodes agree on the exit
+code.
 Everything on the wire is JSON.
 """
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import pathlib
 import signal
 import sys
 from types import FrameType
@@ -32,17 +31,16 @@ from torch.distributed.launcher.api import LaunchConfig
 from nvrx.ft import FaultToleranceConfig
 
 from .agent import FtAgent, LauncherExit, RestartPolicy
+from .exec_shim import shim_args
 from .exit_codes import ExitCode, exit_code_for_signal
 from .journal import JsonLines
 from .monitors import MonitorSupervisor
 from .rendezvous import tune_rendezvous
-from .spares import SparePool, python_command
+from .spares import SAFE_FLAGS, SparePool, python_command
 
 __all__ = ["LaunchOptions", "launch"]
 
 logger = logging.getLogger("nvrx.launcher")
-
-_EXEC_SHIM = str(pathlib.Path(__file__).with_name("_worker_exec.py"))
 
 
 @dataclasses.dataclass
@@ -101,7 +99,6 @@ def _spec(
     config = options.config
     master_addr, master_port = _static_master(params)
     socket_template = os.fspath(monitors.runtime_dir / "monitor-${local_rank}.sock")
-    shim_args = ("-I", "-S", _EXEC_SHIM, str(os.getpid()), socket_template, *options.command)
     extra = {
         name: getattr(config, name)
         for name in (
@@ -117,7 +114,7 @@ def _spec(
         role=config.role,
         local_world_size=config.nproc_per_node,
         entrypoint=sys.executable,
-        args=shim_args,
+        args=shim_args(socket_template, options.command),
         rdzv_handler=handler,
         max_restarts=config.max_restarts,
         monitor_interval=config.monitor_interval,
@@ -137,13 +134,11 @@ def _spare_pool(options: LaunchOptions) -> SparePool | None:
             "--warm-spares needs a Python script or -m module run by %s with no options "
             "other than %s; ranks will start cold: %s",
             sys.executable,
-            "-u -B -O -OO -s -E",
+            " ".join(sorted(SAFE_FLAGS)),
             options.command,
         )
         return None
-    return SparePool(
-        command, options.warm_spare_preload, options.config.nproc_per_node, shim=_EXEC_SHIM
-    )
+    return SparePool(command, options.warm_spare_preload, options.config.nproc_per_node)
 
 
 def launch(options: LaunchOptions, monitors: MonitorSupervisor | None = None) -> int:

@@ -33,15 +33,25 @@ from typing import IO, Any
 from torch.distributed.elastic.multiprocessing import api as mp_api
 from torch.distributed.elastic.multiprocessing.subprocess_handler import SubprocessHandler
 
-__all__ = ["PythonCommand", "SpareHandler", "SparePool", "python_command", "spare_handlers"]
+from .exec_shim import EXEC_SHIM, shimmed
+
+__all__ = [
+    "SAFE_FLAGS",
+    "PythonCommand",
+    "SpareHandler",
+    "SparePool",
+    "python_command",
+    "spare_command",
+    "spare_handlers",
+]
 
 logger = logging.getLogger("nvrx.launcher")
 
 _SPARE_PROGRAM = str(pathlib.Path(__file__).with_name("_warm_spare.py"))
 _MONITOR_SOCKET_ENV = "NVRX_FT_MONITOR_SOCKET"
-# Interpreter options a spare can be started with: they change nothing the rank's
-# environment could disagree with later.
-_SAFE_FLAGS = frozenset({"-u", "-B", "-O", "-OO", "-s", "-E"})
+#: Interpreter options a spare can be started with: they change nothing the rank's
+#: environment could disagree with later.
+SAFE_FLAGS = frozenset({"-u", "-B", "-O", "-OO", "-s", "-E"})
 # The module-level factory SubprocessContext creates each rank's handler with.
 _FACTORY = "get_subprocess_handler"
 
@@ -62,12 +72,30 @@ def python_command(command: Sequence[str]) -> PythonCommand | None:
     flags: list[str] = []
     rest = list(command[1:])
     while rest and rest[0].startswith("-") and rest[0] != "-m":
-        if rest[0] not in _SAFE_FLAGS:
+        if rest[0] not in SAFE_FLAGS:
             return None
         flags.append(rest.pop(0))
     if not rest or (rest[0] == "-m" and len(rest) < 2):
         return None
     return PythonCommand(command[0], tuple(flags), tuple(rest))
+
+
+def spare_command(command: PythonCommand, preload: Sequence[str], fd: int) -> list[str]:
+    """The argv of a spare that will run ``command``, reading its orders from ``fd``.
+
+    It starts through the exec shim, so it dies with the launcher like a rank. The
+    rank's program comes last only for ``ps`` to show; the spare ignores it.
+    """
+    return shimmed(
+        [
+            command.interpreter,
+            *command.flags,
+            _SPARE_PROGRAM,
+            str(fd),
+            ",".join(preload),
+            *command.program,
+        ]
+    )
 
 
 @dataclasses.dataclass
@@ -79,12 +107,9 @@ class _Spare:
 class SparePool:
     """One warm spare per local rank, started on demand and handed over at a restart."""
 
-    def __init__(
-        self, command: PythonCommand, preload: Sequence[str], slots: int, *, shim: str
-    ) -> None:
+    def __init__(self, command: PythonCommand, preload: Sequence[str], slots: int) -> None:
         self._command = command
-        self.shim = shim
-        self._preload = ",".join(preload)
+        self._preload = tuple(preload)
         self._slots = slots
         self._spares: dict[int, _Spare] = {}
 
@@ -92,11 +117,6 @@ class SparePool:
     def command(self) -> PythonCommand:
         """The interpreter and flags every spare runs with."""
         return self._command
-
-    def full(self) -> bool:
-        """True when every local rank has a live spare."""
-        self._drop_dead()
-        return len(self._spares) == self._slots
 
     def fill(self) -> list[int]:
         """Start a spare for every local rank that has none; returns those local ranks."""
@@ -112,16 +132,7 @@ class SparePool:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             proc = subprocess.Popen(
-                [
-                    self._command.interpreter,
-                    *self._command.flags,
-                    _SPARE_PROGRAM,
-                    str(os.getpid()),
-                    str(theirs.fileno()),
-                    self._preload,
-                    # Ignored by the spare; says in ps what it will run.
-                    *self._command.program,
-                ],
+                spare_command(self._command, self._preload, theirs.fileno()),
                 pass_fds=(theirs.fileno(),),
                 start_new_session=True,  # torch stops a rank with killpg(pid)
             )
@@ -208,10 +219,9 @@ class SpareHandler(SubprocessHandler):
     ) -> subprocess.Popen[bytes] | None:
         # args is ``python -I -S <shim> LAUNCHER_PID MONITOR_SOCKET <command>``, unless
         # something (numactl) wrapped it, in which case the rank starts cold.
-        shim = self._pool.shim
-        if shim not in args:
+        if EXEC_SHIM not in args:
             return None
-        at = args.index(shim)
+        at = args.index(EXEC_SHIM)
         command = python_command(args[at + 3 :])
         pool_command = self._pool.command
         if command is None or (command.interpreter, command.flags) != (

@@ -12,7 +12,7 @@ from typing import Any
 
 from nvrx.ft import MONITOR_SOCKET_ENV, RankMonitorClient, RankMonitorClientError
 
-from ._compat import Callback, Timer, Trainer
+from ._compat import Callback, LightningModule, Timer, Trainer
 from .ft_state import FT_DIR_NAME, FT_STATE_FILENAME, FtStateError, load_ft_state, save_ft_state
 from .simulated_fault import (
     SimulatedFault,
@@ -196,7 +196,44 @@ class FtCallbackBase(Callback):
         self.simulated_fault = SimulatedFault(plan, self._rank, self.logger)
         self.simulated_fault.start()
 
-    # -- end of fit --------------------------------------------------------------------------
+    # -- end of fit: the same frame for both callbacks ---------------------------------------
+
+    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        """End of fit: finished flag, the callback's last report, disconnect."""
+        if stage != "fit" or not self.is_initialized:
+            return
+        try:
+            self._end_fit(trainer)
+            self._last_report(None)
+        finally:
+            self._close()
+
+    def on_exception(
+        self, trainer: Trainer, pl_module: LightningModule, exception: BaseException
+    ) -> None:
+        """An exception ends fit: the callback's last report, then disconnect."""
+        if not self.is_initialized:
+            return
+        try:
+            self.state_machine.on_exception(exception)
+            self._last_report(exception)
+        finally:
+            self._close()
+
+    def on_load_checkpoint(
+        self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        """Note that this job resumed from a checkpoint."""
+        if self.fault_tol_client is not None:
+            self.state_machine.on_load_checkpoint()
+
+    def _last_report(self, exception: BaseException | None) -> None:
+        """What the callback tells the monitor before fit ends (``exception``: why)."""
+        raise NotImplementedError
+
+    def _close(self) -> None:
+        """Disconnect from the monitor; subclasses undo their own set-up first."""
+        self._shutdown_fault_tolerance()
 
     def _save_timeouts(self) -> None:
         """Persist the calculated timeouts (rank 0 writes; the state is the same on all ranks)."""

@@ -82,29 +82,10 @@ class FaultToleranceCallback(FtCallbackBase):
             )
         self._setup_simulated_fault(trainer)
 
-    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        """End of fit: finished flag, last heartbeat, timeouts update, disconnect."""
-        if stage != "fit" or not self.is_initialized:
-            return
-        try:
-            self._end_fit(trainer)
-            self._heartbeat()
-            self._update_timeouts_safely(self._maybe_update_timeouts)
-        finally:
-            self._shutdown_fault_tolerance()
-
-    def on_exception(
-        self, trainer: Trainer, pl_module: LightningModule, exception: BaseException
-    ) -> None:
-        """An exception ends fit: heartbeat, timeouts update on a clean stop, disconnect."""
-        if not self.is_initialized:
-            return
-        try:
-            self.state_machine.on_exception(exception)
-            self._heartbeat()
-            self._update_timeouts_safely(self._maybe_update_timeouts)
-        finally:
-            self._shutdown_fault_tolerance()
+    def _last_report(self, exception: BaseException | None) -> None:
+        """A last heartbeat, then the timeouts update (skipped after a failure)."""
+        self._heartbeat()
+        self._update_timeouts_safely(self._maybe_update_timeouts)
 
     # -- heartbeats --------------------------------------------------------------------------
 
@@ -162,13 +143,6 @@ class FaultToleranceCallback(FtCallbackBase):
         if self.fault_tol_client is not None:
             self.state_machine.on_save_checkpoint()
             self._heartbeat()
-
-    def on_load_checkpoint(
-        self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]
-    ) -> None:
-        """Note that this job resumed from a checkpoint."""
-        if self.fault_tol_client is not None:
-            self.state_machine.on_load_checkpoint()
 
     # -- timeouts ----------------------------------------------------------------------------
 

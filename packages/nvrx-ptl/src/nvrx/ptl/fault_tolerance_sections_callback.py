@@ -171,31 +171,16 @@ class FaultToleranceSectionsCallback(FtCallbackBase):
         self._wrap_strategy(trainer)
         self._start_section("setup")
 
-    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        """End of fit: finished flag, last timeouts update, close sections, disconnect."""
-        if stage != "fit" or not self.is_initialized:
-            return
-        try:
-            self._end_fit(trainer)
-            self._close_setup_section()
-            self._update_timeouts_safely(lambda: self._maybe_update_timeouts(is_final=True))
-        finally:
-            self._finish()
-
-    def on_exception(
-        self, trainer: Trainer, pl_module: LightningModule, exception: BaseException
-    ) -> None:
-        """Close sections, update timeouts on a clean stop, apply the exception policy."""
-        if not self.is_initialized:
-            return
-        try:
-            self.state_machine.on_exception(exception)
-            self._close_setup_section()
-            self._update_timeouts_safely(lambda: self._maybe_update_timeouts(is_final=True))
-            if self.exc_handling_policy is not None and not is_clean_stop(exception):
-                self._apply_exc_policy(exception)
-        finally:
-            self._finish()
+    def _last_report(self, exception: BaseException | None) -> None:
+        """Close 'setup', update timeouts (not after a failure), apply the exception policy."""
+        self._close_setup_section()
+        self._update_timeouts_safely(lambda: self._maybe_update_timeouts(is_final=True))
+        if (
+            exception is not None
+            and self.exc_handling_policy is not None
+            and not is_clean_stop(exception)
+        ):
+            self._apply_exc_policy(exception)
 
     def _apply_exc_policy(self, exception: BaseException) -> None:
         assert self.exc_handling_policy is not None
@@ -224,7 +209,8 @@ class FaultToleranceSectionsCallback(FtCallbackBase):
             )
             self._create_finished_flag_file()
 
-    def _finish(self) -> None:
+    def _close(self) -> None:
+        """Close every section, unwrap the strategy, disconnect."""
         client = self.fault_tol_client
         if client is not None:
             client.end_all_sections()
@@ -270,13 +256,6 @@ class FaultToleranceSectionsCallback(FtCallbackBase):
         if self.fault_tol_client is None:
             return
         self._close_setup_section()
-
-    def on_load_checkpoint(
-        self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]
-    ) -> None:
-        """Note that this job resumed from a checkpoint."""
-        if self.fault_tol_client is not None:
-            self.state_machine.on_load_checkpoint()
 
     def on_save_checkpoint(
         self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]
