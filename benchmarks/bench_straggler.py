@@ -2,7 +2,8 @@
 
 * ``detection_section`` per entry with ``profile_cuda=False``: measured entries
   (``profiling_interval=1``) and unmeasured ones (``profiling_interval=1000``), next to
-  a bare ``contextlib.contextmanager`` measured in the same run for scale.
+  a bare ``contextlib.contextmanager`` measured in the same run for scale. The default
+  implementation (the C extension where it is built) and the Python fallback.
 * ``generate_report`` for world size 1 with a few sections and synthetic kernels.
 * Simulated relative + individual scoring of 1,024 and 8,192 ranks with 200 kernels
   each: the MIN all-reduce is replaced by a tensor minimum over the ranks' encoded
@@ -26,6 +27,7 @@ from nvrx.straggler import (
     SyntheticKernelRecord,
     SyntheticKernelTimer,
 )
+from nvrx.straggler import sections as sections_module
 from nvrx.straggler.scoring import (
     decode_slots,
     encode_kernel_slots,
@@ -45,9 +47,25 @@ def _both(fn: Callable[[], object], quick: bool) -> tuple[float, float]:
     return wall, _thread_cpu_ns_per_call(fn, calls, samples)
 
 
-def _section_cost(profiling_interval: int, quick: bool) -> tuple[float, float]:
+@contextlib.contextmanager
+def _python_fallback() -> Iterator[None]:
+    """Detectors created inside use the Python hot path even where the C one is built."""
+    saved = sections_module.hotpath
+    sections_module.hotpath = None
+    try:
+        yield
+    finally:
+        sections_module.hotpath = saved
+
+
+def _section_cost(
+    profiling_interval: int, quick: bool, python: bool = False
+) -> tuple[float, float]:
     """Cost of one ``with Detector.detection_section(name, profile_cuda=False)``."""
-    Detector.initialize(profiling_interval=profiling_interval, kernel_timer=SyntheticKernelTimer())
+    with _python_fallback() if python else contextlib.nullcontext():
+        Detector.initialize(
+            profiling_interval=profiling_interval, kernel_timer=SyntheticKernelTimer()
+        )
 
     def entry() -> None:
         with Detector.detection_section("bench", profile_cuda=False):
@@ -196,6 +214,9 @@ def run(quick: bool) -> list[Metric]:
     cm, cm_cpu = _contextmanager_cost(quick)
     measured, measured_cpu = _section_cost(1, quick)
     unmeasured, unmeasured_cpu = _section_cost(1000, quick)
+    py_measured, py_measured_cpu = _section_cost(1, quick, python=True)
+    py_unmeasured, py_unmeasured_cpu = _section_cost(1000, quick, python=True)
+    implementation = sections_module.HOT_PATH
     in_loop, in_loop_cpu = _in_loop_cost(quick)
     report_ms, report_reps = _report_world1(quick)
     # The 0.5 us budget was set where a bare contextmanager costs 0.7 us; on a slower or
@@ -214,6 +235,7 @@ def run(quick: bool) -> list[Metric]:
                 "ratio_to_contextmanager_cpu": measured_cpu / cm_cpu,
                 "ratio_budget": 0.5 / 0.7,
                 "api": "Detector.detection_section(name, profile_cuda=False)",
+                "implementation": implementation,
             },
         ),
         Metric(
@@ -228,6 +250,7 @@ def run(quick: bool) -> list[Metric]:
                 "ratio_to_contextmanager": in_loop / cm,
                 "ratio_to_contextmanager_cpu": in_loop_cpu / cm_cpu,
                 "ratio_budget": 0.5 / 0.7,
+                "implementation": implementation,
             },
         ),
         Metric(
@@ -242,6 +265,31 @@ def run(quick: bool) -> list[Metric]:
                 "best_thread_cpu_us": unmeasured_cpu / 1000,
                 "ratio_to_contextmanager": unmeasured / cm,
                 "ratio_to_contextmanager_cpu": unmeasured_cpu / cm_cpu,
+                "implementation": implementation,
+            },
+        ),
+        Metric(
+            AREA,
+            "detection_section_measured_entry_python",
+            py_measured / 1000,
+            "us",
+            samples,
+            detail={
+                "best_thread_cpu_us": py_measured_cpu / 1000,
+                "ratio_to_contextmanager": py_measured / cm,
+                "implementation": "python (the fallback where the C extension is not built)",
+            },
+        ),
+        Metric(
+            AREA,
+            "detection_section_unmeasured_entry_python",
+            py_unmeasured / 1000,
+            "us",
+            samples,
+            detail={
+                "profiling_interval": 1000,
+                "best_thread_cpu_us": py_unmeasured_cpu / 1000,
+                "ratio_to_contextmanager": py_unmeasured / cm,
             },
         ),
         Metric(

@@ -13,6 +13,7 @@ import logging
 import socket
 import sys
 from collections.abc import Sequence
+from types import FrameType
 from typing import Any, ClassVar
 
 import torch
@@ -25,7 +26,7 @@ from nvrx.straggler.reporting import (
     ReportGenerator,
     parse_scores_to_compute,
 )
-from nvrx.straggler.sections import CustomSection, SectionHandle, SectionRegistry
+from nvrx.straggler.sections import CustomSection, SectionContext, SectionRegistry
 from nvrx.straggler.wrapping import CallableId, CallableWrapper
 
 __all__ = ["Detector", "StragglerDetector"]
@@ -111,6 +112,10 @@ class StragglerDetector:
         )
         self._cpu_handles = self._sections.cpu_handles
         self._kernel_handles = self._sections.kernel_handles
+        fast = self._sections.dispatcher(self._section_miss)
+        if fast is not None:
+            # The C version of the method below, for this instance (sections.py).
+            self.detection_section = fast  # type: ignore[method-assign]
         self._wrapper = CallableWrapper(self.detection_section)
         self.closed = False
 
@@ -128,7 +133,7 @@ class StragglerDetector:
 
     def detection_section(
         self, name: str | None = None, profile_cuda: bool = True
-    ) -> SectionHandle:
+    ) -> SectionContext:
         """A context manager timing the enclosed code as section ``name``.
 
         ``name`` defaults to the ``file:line`` of the call; a name may be used at one
@@ -137,13 +142,18 @@ class StragglerDetector:
         try:
             h = (self._kernel_handles if profile_cuda else self._cpu_handles)[name]
         except KeyError:
-            if self.closed:
-                raise RuntimeError("Detector is not initialized.") from None
-            return self._sections.handle(name, profile_cuda, _getframe(1))
+            return self._section_miss(name, profile_cuda, _getframe(1))
         f = _getframe(1)
         if f.f_code is not h.code or f.f_lasti != h.lasti:
             self._sections.check_location(h, f)
         return h
+
+    def _section_miss(
+        self, name: str | None, profile_cuda: bool, frame: FrameType
+    ) -> SectionContext:
+        if self.closed:
+            raise RuntimeError("Detector is not initialized.")
+        return self._sections.handle(name, profile_cuda, frame)
 
     # -- callables ------------------------------------------------------------------
 
@@ -225,8 +235,7 @@ class StragglerDetector:
             return
         self.closed = True
         self._wrapper.restore()
-        self._cpu_handles.clear()
-        self._kernel_handles.clear()
+        self._sections.drop_handles()
         self.kernel_timer.close()
 
     def __enter__(self) -> StragglerDetector:
@@ -250,8 +259,8 @@ class Detector:
     report_interval_tracker: ClassVar[ReportIntervalTracker | None] = None
     original_callables: ClassVar[dict[CallableId, object]] = {}
     _instance: ClassVar[StragglerDetector | None] = None
-    _cpu_handles: ClassVar[dict[str | None, SectionHandle]] = {}
-    _kernel_handles: ClassVar[dict[str | None, SectionHandle]] = {}
+    _cpu_handles: ClassVar[dict[str | None, SectionContext]] = {}
+    _kernel_handles: ClassVar[dict[str | None, SectionContext]] = {}
 
     def __init__(self) -> None:
         raise RuntimeError(
@@ -320,6 +329,10 @@ class Detector:
         cls.original_callables = instance.original_callables
         cls._cpu_handles = instance._cpu_handles
         cls._kernel_handles = instance._kernel_handles
+        fast = vars(instance).get("detection_section")
+        if fast is not None:
+            # The instance's C dispatcher, called without binding (it has no __get__).
+            cls.detection_section = fast  # type: ignore[method-assign]
 
     @classmethod
     def instance(cls) -> StragglerDetector | None:
@@ -334,7 +347,9 @@ class Detector:
         return inst
 
     @classmethod
-    def detection_section(cls, name: str | None = None, profile_cuda: bool = True) -> SectionHandle:
+    def detection_section(
+        cls, name: str | None = None, profile_cuda: bool = True
+    ) -> SectionContext:
         """Context manager timing the enclosed code as section ``name`` (see the guide).
 
         ``profiling_interval`` decides which entries are measured. ``name`` defaults to
@@ -388,5 +403,11 @@ class Detector:
         cls.original_callables = {}
         cls._cpu_handles = {}
         cls._kernel_handles = {}
+        cls.detection_section = _python_detection_section  # type: ignore[method-assign]
         if inst is not None:
             inst.close()
+
+
+# Detector.use() may replace the class method by an instance's C dispatcher; shutdown()
+# puts this one back.
+_python_detection_section = Detector.__dict__["detection_section"]

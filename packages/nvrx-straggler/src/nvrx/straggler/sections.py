@@ -12,24 +12,54 @@ statement): entering it from another location raises ValueError, because merged
 timings of different code would make its scores meaningless. The location of a
 call with an explicit name is found once, on the first entry; later entries only
 compare the caller's code object and instruction offset.
+
+Where the optional C extension ``_hotpath`` is built, it runs the per-entry path
+(the ``detection_section`` call and the CPU handle); ``HOT_PATH`` says which one
+runs. The Python classes here define the behaviour and are used everywhere else.
+Set ``NVRX_STRAGGLER_PURE_PYTHON=1`` to run the Python path.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import threading
 from collections import deque
-from types import CodeType, FrameType, TracebackType
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from types import CodeType, FrameType, ModuleType, TracebackType
+from typing import TYPE_CHECKING, Any, Protocol
 
 from nvrx.straggler.statistics import Statistic, summarize
 
 if TYPE_CHECKING:
     from nvrx.straggler.kernels import KernelTimer
 
-__all__ = ["CudaEventTimes", "CustomSection", "SectionHandle", "SectionRegistry"]
+__all__ = [
+    "HOT_PATH",
+    "CudaEventTimes",
+    "CustomSection",
+    "SectionContext",
+    "SectionHandle",
+    "SectionRegistry",
+]
 
 _perf = __import__("time").perf_counter_ns
+
+
+def _load_hotpath() -> ModuleType | None:
+    if os.environ.get("NVRX_STRAGGLER_PURE_PYTHON", "") not in ("", "0"):
+        return None
+    try:
+        from nvrx.straggler import _hotpath
+    except ImportError:
+        return None
+    return _hotpath
+
+
+#: The C extension, or None where it is not built or is switched off.
+hotpath: ModuleType | None = _load_hotpath()
+#: Which implementation times sections in this process: ``"c"`` or ``"python"``.
+HOT_PATH: str = "python" if hotpath is None else "c"
 
 
 @dataclasses.dataclass(eq=False, slots=True)
@@ -75,6 +105,30 @@ class CudaEventTimes:
         return out
 
 
+class SectionContext(Protocol):
+    """What ``detection_section`` returns, in Python (:class:`SectionHandle`) or in C."""
+
+    @property
+    def section(self) -> CustomSection: ...
+    @property
+    def code(self) -> CodeType: ...
+    @property
+    def lasti(self) -> int: ...
+    @property
+    def accepted(self) -> set[tuple[CodeType, int]]: ...
+    @property
+    def measuring(self) -> bool: ...
+    @property
+    def _nested(self) -> int: ...
+    def __enter__(self) -> None: ...
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None: ...
+
+
 class SectionHandle:
     """The context manager ``detection_section`` returns: cheap to enter and leave."""
 
@@ -89,6 +143,11 @@ class SectionHandle:
         self._append = section.cpu_elapsed_times.append
         self._nested = 0
         self._t0 = 0
+
+    @property
+    def measuring(self) -> bool:
+        """True inside a measured entry."""
+        return self._t0 != 0
 
     def __enter__(self) -> None:
         sec = self.section
@@ -148,9 +207,11 @@ class _KernelSectionHandle(SectionHandle):
         t0 = self._t0
         if t0:
             self._t0 = 0
-            if exc_type is None:
-                self._append((_perf() - t0) * 1e-6)
-            self._timer.stop()
+            try:
+                if exc_type is None:
+                    self._append((_perf() - t0) * 1e-6)
+            finally:
+                self._timer.stop()
 
 
 class _CudaEventSectionHandle(SectionHandle):
@@ -164,7 +225,7 @@ class _CudaEventSectionHandle(SectionHandle):
         interval: int,
         code: CodeType,
         lasti: int,
-        inner: SectionHandle,
+        inner: SectionContext,
         events: CudaEventTimes,
     ) -> None:
         super().__init__(section, interval, code, lasti)
@@ -178,7 +239,7 @@ class _CudaEventSectionHandle(SectionHandle):
     def __enter__(self) -> None:
         inner = self._inner
         inner.__enter__()
-        if inner._t0 and not inner._nested and self._start_event is None:
+        if inner.measuring and not inner._nested and self._start_event is None:
             ev = self._event_cls(enable_timing=True)
             ev.record()
             self._start_event = ev
@@ -217,20 +278,41 @@ class SectionRegistry:
     ) -> None:
         self.profiling_interval = profiling_interval
         self.sections: dict[str, CustomSection] = {}
-        self.cpu_handles: dict[str | None, SectionHandle] = {}
-        self.kernel_handles: dict[str | None, SectionHandle] = {}
+        self.cpu_handles: dict[str | None, SectionContext] = {}
+        self.kernel_handles: dict[str | None, SectionContext] = {}
         self.cuda_events: dict[str, CudaEventTimes] = {}
-        self._anonymous: dict[tuple[CodeType, int, bool], SectionHandle] = {}
+        self._anonymous: dict[tuple[CodeType, int, bool], SectionContext] = {}
         self._kernel_timer = kernel_timer
         self._max_samples = max_samples
         self._cuda_event_timing = cuda_event_timing
         self._lock = threading.Lock()
+        self.hotpath = hotpath
 
-    def handle(self, name: str | None, profile_cuda: bool, frame: FrameType) -> SectionHandle:
+    @property
+    def implementation(self) -> str:
+        """``"c"`` or ``"python"``: what times this registry's sections."""
+        return "python" if self.hotpath is None else "c"
+
+    def dispatcher(
+        self, miss: Callable[[str | None, bool, FrameType], SectionContext]
+    ) -> Callable[..., SectionContext] | None:
+        """The C ``detection_section`` over this registry, or None without the extension.
+
+        It returns the handle of a known call site itself, and calls ``miss`` (the slow
+        path, :meth:`handle` behind the detector's checks) or :meth:`check_location`.
+        """
+        if self.hotpath is None:
+            return None
+        fast: Callable[..., SectionContext] = self.hotpath.Dispatcher(
+            self.cpu_handles, self.kernel_handles, self._anonymous, miss, self.check_location
+        )
+        return fast
+
+    def handle(self, name: str | None, profile_cuda: bool, frame: FrameType) -> SectionContext:
         """Slow path: find or create the handle for a section entered from ``frame``."""
         code, lasti = frame.f_code, frame.f_lasti
         if name is None:
-            key = (code, lasti, profile_cuda)
+            key = (code, lasti, bool(profile_cuda))
             found = self._anonymous.get(key)
             if found is not None:
                 return found
@@ -253,16 +335,20 @@ class SectionRegistry:
             created = self._make_handle(section, profile_cuda, code, lasti)
             handles[name] = created
             if name == location:
-                self._anonymous[(code, lasti, profile_cuda)] = created
+                self._anonymous[(code, lasti, bool(profile_cuda))] = created
             return created
 
     def _make_handle(
         self, section: CustomSection, profile_cuda: bool, code: CodeType, lasti: int
-    ) -> SectionHandle:
+    ) -> SectionContext:
         timer = self._kernel_timer
         interval = self.profiling_interval
-        inner: SectionHandle
-        if profile_cuda and timer is not None and timer.status.available:
+        if not (profile_cuda and timer is not None and timer.status.available):
+            timer = None
+        inner: SectionContext
+        if self.hotpath is not None:
+            inner = self.hotpath.Handle(section, interval, code, lasti, timer)
+        elif timer is not None:
             inner = _KernelSectionHandle(section, interval, code, lasti, timer)
         else:
             inner = SectionHandle(section, interval, code, lasti)
@@ -271,7 +357,7 @@ class SectionRegistry:
         events = self.cuda_events.setdefault(section.name, CudaEventTimes(self._max_samples))
         return _CudaEventSectionHandle(section, interval, code, lasti, inner, events)
 
-    def check_location(self, handle: SectionHandle, frame: FrameType) -> None:
+    def check_location(self, handle: SectionContext, frame: FrameType) -> None:
         """Accept a new call site of a section only if it is the same file:line."""
         site = (frame.f_code, frame.f_lasti)
         if site in handle.accepted:
@@ -306,6 +392,12 @@ class SectionRegistry:
             if gpu:
                 out[f"{name} [cuda]"] = summarize(gpu)
         return out
+
+    def drop_handles(self) -> None:
+        """Forget every handle: later entries take the slow path (a closed detector)."""
+        self.cpu_handles.clear()
+        self.kernel_handles.clear()
+        self._anonymous.clear()
 
     def reset_window(self) -> None:
         """Start a new window: clear samples, keep sections and entry counters."""
