@@ -6,6 +6,7 @@ them directly in one process and cover what only one of them can get wrong.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import gc
 import importlib.util
@@ -200,6 +201,91 @@ def test_the_kernel_timer_is_stopped_even_if_the_sample_is_lost(implementation: 
     assert (timer.active, handle.measuring) == (False, False)
 
 
+class _StopFails(SyntheticKernelTimer):
+    def stop(self) -> None:
+        super().stop()
+        raise RuntimeError("stop failed")
+
+
+def test_a_failing_stop_is_raised_with_the_lost_sample_as_context(implementation: str) -> None:
+    code = sys._getframe().f_code
+    timer = _StopFails()
+    handle: Any
+    if implementation == "c":
+        handle = _hotpath().Handle(_Section(), 1, code, 0, timer)
+    else:
+        handle = sections._KernelSectionHandle(_Section(), 1, code, 0, timer)  # type: ignore[arg-type]
+    handle.__enter__()
+    with pytest.raises(RuntimeError, match="stop failed") as raised:
+        handle.__exit__(None, None, None)
+    assert isinstance(raised.value.__context__, OSError)
+
+
+def _load(source: str, filename: str) -> Any:
+    namespace: dict[str, Any] = {}
+    exec(compile(source, filename, "exec"), namespace)
+    return namespace["step"]
+
+
+def test_identical_code_in_two_files_is_two_call_sites(detector: StragglerDetector) -> None:
+    # The two functions' code objects compare equal: only the file tells them apart.
+    anonymous = (
+        "def step(det):\n    with det.detection_section(profile_cuda=False):\n        pass\n"
+    )
+    a, b = _load(anonymous, "/models/a.py"), _load(anonymous, "/models/b.py")
+    assert a.__code__ == b.__code__
+    for _ in range(3):
+        a(detector)
+    b(detector)
+    counts = {name: s.total_entry_cnt for name, s in detector.custom_sections.items()}
+    assert counts == {"/models/a.py:2": 3, "/models/b.py:2": 1}
+
+    named = anonymous.replace("detection_section(", "detection_section('fwd', ")
+    a, b = _load(named, "/models/a.py"), _load(named, "/models/b.py")
+    a(detector)
+    with pytest.raises(ValueError, match=r"'fwd' is already used at /models/a\.py:2"):
+        b(detector)
+
+
+@needs_c
+def test_c_objects_refuse_misuse_instead_of_crashing() -> None:
+    hotpath = _hotpath()
+    handle_type: Any = hotpath.Handle
+    with pytest.raises(TypeError, match="not initialised"):
+        handle_type.__new__(handle_type).__enter__()
+    with pytest.raises(TypeError, match="not initialised"):
+        hotpath.Dispatcher.__new__(hotpath.Dispatcher)("x")
+
+    class Borrowed:
+        # A slot descriptor of another class: writing through it would corrupt memory.
+        __slots__ = ("cpu_elapsed_times",)
+        total_entry_cnt = vars(_Section)["total_entry_cnt"]
+
+        def __init__(self) -> None:
+            self.cpu_elapsed_times: list[float] = []
+
+    code = sys._getframe().f_code
+    with pytest.raises(TypeError, match="must be a writable slot"):
+        handle_type(Borrowed(), 1, code, 0)
+
+    class Index:
+        # Converting it would run Python code while the old value is borrowed.
+        def __index__(self) -> int:
+            section.total_entry_cnt = 0
+            return 5
+
+    section = _Section()
+    handle = handle_type(section, 1, code, 0)
+    section.total_entry_cnt = Index()  # type: ignore[assignment]
+    with pytest.raises(TypeError, match="total_entry_cnt must be an int, not Index"):
+        handle.__enter__()
+    section.total_entry_cnt = 2**63 - 1
+    with pytest.raises(OverflowError):
+        handle.__enter__()
+    with pytest.raises(TypeError, match="plain dicts"):
+        hotpath.Dispatcher(dict(), dict(), collections.OrderedDict(), print, print)
+
+
 @needs_c
 def test_c_handle_rejects_what_it_cannot_time() -> None:
     code = sys._getframe().f_code
@@ -217,7 +303,9 @@ def test_c_handle_rejects_what_it_cannot_time() -> None:
     section = _Section()
     handle = handle_type(section, 1, code, 0)
     section.total_entry_cnt = "many"  # type: ignore[assignment]
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="must be an int, not str"):
         handle.__enter__()
+    with pytest.raises(TypeError, match="code must be a code object"):
+        handle_type(_Section(), 1, "code", 0)
     with pytest.raises(TypeError, match="expected 3 arguments"):
         handle.__exit__(None)

@@ -65,7 +65,8 @@ slot_offset(PyObject *obj, PyObject *name)
         }
         PyErr_Clear();
     }
-    else if (Py_IS_TYPE(descr, &PyMemberDescr_Type)) {
+    else if (Py_IS_TYPE(descr, &PyMemberDescr_Type) &&
+             PyObject_TypeCheck(obj, PyDescr_TYPE(descr))) {
         PyMemberDef *member = ((PyMemberDescrObject *)descr)->d_member;
         if (member->type == T_OBJECT_EX && !(member->flags & READONLY)) {
             offset = member->offset;
@@ -110,7 +111,13 @@ Handle_init(Handle *self, PyObject *args, PyObject *kwds)
     if (append == NULL) {
         return -1;
     }
-    site = Py_BuildValue("(Oi)", code, lasti);
+    if (!PyCode_Check(code)) {
+        Py_DECREF(append);
+        PyErr_Format(PyExc_TypeError, "Handle: code must be a code object, not %.100s",
+                     Py_TYPE(code)->tp_name);
+        return -1;
+    }
+    site = Py_BuildValue("(OOi)", ((PyCodeObject *)code)->co_filename, code, lasti);
     accepted = site == NULL ? NULL : PySet_New(NULL);
     if (accepted == NULL || PySet_Add(accepted, site) < 0) {
         Py_XDECREF(site);
@@ -141,19 +148,44 @@ Handle_init(Handle *self, PyObject *args, PyObject *kwds)
     return 0;
 }
 
+static int
+require_init(Handle *self)
+{
+    if (self->section == NULL) {
+        PyErr_SetString(PyExc_TypeError, "Handle is not initialised");
+        return -1;
+    }
+    return 0;
+}
+
 static PyObject *
 Handle_enter(Handle *self, PyObject *Py_UNUSED(ignored))
 {
-    PyObject **slot = (PyObject **)((char *)self->section + self->count_offset);
-    PyObject *old = *slot, *next;
+    PyObject **slot, *old, *next;
     long long n;
 
+    if (require_init(self) < 0) {
+        return NULL;
+    }
+    slot = (PyObject **)((char *)self->section + self->count_offset);
+    old = *slot;
     if (old == NULL) {
         PyErr_SetString(PyExc_AttributeError, "section has no total_entry_cnt");
         return NULL;
     }
+    /* Only an int: converting anything else could run Python code that replaces (and
+     * frees) `old` while we hold it borrowed. */
+    if (!PyLong_Check(old)) {
+        PyErr_Format(PyExc_TypeError, "total_entry_cnt must be an int, not %.100s",
+                     Py_TYPE(old)->tp_name);
+        return NULL;
+    }
     n = PyLong_AsLongLong(old);
     if (n == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (n == LLONG_MAX) {
+        PyErr_SetString(PyExc_OverflowError, "total_entry_cnt would overflow");
         return NULL;
     }
     next = PyLong_FromLongLong(n + 1);
@@ -168,7 +200,9 @@ Handle_enter(Handle *self, PyObject *Py_UNUSED(ignored))
     }
     else if (n % self->interval == 0) {
         if (self->timer != NULL) {
-            PyObject *res = PyObject_CallMethodNoArgs(self->timer, str_start);
+            PyObject *timer = Py_NewRef(self->timer);
+            PyObject *res = PyObject_CallMethodNoArgs(timer, str_start);
+            Py_DECREF(timer);
             if (res == NULL) {
                 return NULL;
             }
@@ -177,6 +211,43 @@ Handle_enter(Handle *self, PyObject *Py_UNUSED(ignored))
         self->t0 = monotonic_ns();
     }
     Py_RETURN_NONE;
+}
+
+/* Switch the kernel timer off. If that fails too, its error is raised with the first
+ * one as its context, as a `finally:` clause in Python would do. */
+static int
+stop_timer(PyObject *timer, int failed)
+{
+    PyObject *first_type = NULL, *first = NULL, *first_tb = NULL, *res;
+
+    if (failed) {
+        PyErr_Fetch(&first_type, &first, &first_tb);
+        PyErr_NormalizeException(&first_type, &first, &first_tb);
+        if (first != NULL && first_tb != NULL) {
+            PyException_SetTraceback(first, first_tb);
+        }
+    }
+    res = PyObject_CallMethodNoArgs(timer, str_stop);
+    if (res != NULL) {
+        Py_DECREF(res);
+        if (failed) {
+            PyErr_Restore(first_type, first, first_tb);
+        }
+        return failed ? -1 : 0;
+    }
+    if (failed) {
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb);
+        PyErr_NormalizeException(&type, &value, &tb);
+        if (value != NULL && first != NULL) {
+            PyException_SetContext(value, Py_NewRef(first));
+        }
+        PyErr_Restore(type, value, tb);
+        Py_XDECREF(first_type);
+        Py_XDECREF(first);
+        Py_XDECREF(first_tb);
+    }
+    return -1;
 }
 
 static PyObject *
@@ -189,6 +260,9 @@ Handle_exit(Handle *self, PyObject *const *args, Py_ssize_t nargs)
         PyErr_Format(PyExc_TypeError, "__exit__ expected 3 arguments, got %zd", nargs);
         return NULL;
     }
+    if (require_init(self) < 0) {
+        return NULL;
+    }
     if (self->nested) {
         self->nested--;
         Py_RETURN_NONE;
@@ -199,34 +273,18 @@ Handle_exit(Handle *self, PyObject *const *args, Py_ssize_t nargs)
     }
     self->t0 = 0;
     if (args[0] == Py_None) {
+        PyObject *append = Py_NewRef(self->append);
         PyObject *ms = PyFloat_FromDouble((double)(monotonic_ns() - t0) * 1e-6);
-        PyObject *res = ms == NULL ? NULL : PyObject_CallOneArg(self->append, ms);
+        PyObject *res = ms == NULL ? NULL : PyObject_CallOneArg(append, ms);
+        Py_DECREF(append);
         Py_XDECREF(ms);
         Py_XDECREF(res);
         failed = res == NULL;
     }
     if (self->timer != NULL) {
-        /* The kernel timer is switched off even if recording the sample failed. */
-        PyObject *exc_type, *exc_value, *exc_tb;
-        PyObject *res;
-        PyErr_Fetch(&exc_type, &exc_value, &exc_tb);
-        res = PyObject_CallMethodNoArgs(self->timer, str_stop);
-        if (res == NULL) {
-            if (failed) {
-                PyErr_Clear();
-            }
-            else {
-                failed = 1;
-                Py_XDECREF(exc_type);
-                Py_XDECREF(exc_value);
-                Py_XDECREF(exc_tb);
-                exc_type = exc_value = exc_tb = NULL;
-            }
-        }
-        Py_XDECREF(res);
-        if (exc_type != NULL || exc_value != NULL) {
-            PyErr_Restore(exc_type, exc_value, exc_tb);
-        }
+        PyObject *timer = Py_NewRef(self->timer);
+        failed = stop_timer(timer, failed) < 0;
+        Py_DECREF(timer);
     }
     if (failed) {
         return NULL;
@@ -292,7 +350,7 @@ static PyMemberDef Handle_members[] = {
     {"code", T_OBJECT, offsetof(Handle, code), READONLY, "Code object of the first call site."},
     {"lasti", T_INT, offsetof(Handle, lasti), READONLY, "Instruction offset of that call site."},
     {"accepted", T_OBJECT, offsetof(Handle, accepted), READONLY,
-     "Call sites accepted for this name: (code, lasti) pairs."},
+     "Call sites accepted for this name: (file, code, lasti)."},
     {"_nested", T_LONGLONG, offsetof(Handle, nested), READONLY,
      "Entries inside the measured one."},
     {NULL, 0, 0, 0, NULL},
@@ -436,14 +494,16 @@ Dispatcher_call(Dispatcher *self, PyObject *const *args, size_t nargsf, PyObject
     if (name == Py_None) {
         /* A section named after its call site: the site is the key. */
         PyCodeObject *code = PyFrame_GetCode(frame);
-        PyObject *key = Py_BuildValue("(NiO)", code, frame_lasti(frame), cuda ? Py_True : Py_False);
+        /* Code objects of different files can compare equal: the file is in the key. */
+        PyObject *key = Py_BuildValue("(ONiO)", code->co_filename, code, frame_lasti(frame),
+                                      cuda ? Py_True : Py_False);
         if (key == NULL) {
             return NULL;
         }
         handle = PyDict_GetItemWithError(self->anonymous, key);
+        Py_XINCREF(handle);
         Py_DECREF(key);
         if (handle != NULL) {
-            Py_INCREF(handle);
             return handle;
         }
     }
@@ -454,16 +514,24 @@ Dispatcher_call(Dispatcher *self, PyObject *const *args, size_t nargsf, PyObject
         if (PyErr_Occurred()) {
             return NULL;
         }
-        return PyObject_CallFunctionObjArgs(self->miss, name, profile_cuda, (PyObject *)frame,
-                                            NULL);
+        PyObject *miss = Py_NewRef(self->miss);
+        result = PyObject_CallFunctionObjArgs(miss, name, profile_cuda, (PyObject *)frame, NULL);
+        Py_DECREF(miss);
+        return result;
     }
     Py_INCREF(handle);
     same = same_site(handle, frame);
     if (same == 1) {
         return handle;
     }
-    result = same < 0 ? NULL
-                      : PyObject_CallFunctionObjArgs(self->moved, handle, (PyObject *)frame, NULL);
+    if (same == 0) {
+        PyObject *moved = Py_NewRef(self->moved);
+        result = PyObject_CallFunctionObjArgs(moved, handle, (PyObject *)frame, NULL);
+        Py_DECREF(moved);
+    }
+    else {
+        result = NULL;
+    }
     if (result == NULL) {
         Py_DECREF(handle);
         return NULL;
@@ -481,6 +549,10 @@ Dispatcher_init(Dispatcher *self, PyObject *args, PyObject *kwds)
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O!O!OO:Dispatcher", kwlist, &PyDict_Type,
                                      &cpu, &PyDict_Type, &kernel, &PyDict_Type, &anonymous,
                                      &miss, &moved)) {
+        return -1;
+    }
+    if (!PyDict_CheckExact(cpu) || !PyDict_CheckExact(kernel) || !PyDict_CheckExact(anonymous)) {
+        PyErr_SetString(PyExc_TypeError, "Dispatcher: the handle maps must be plain dicts");
         return -1;
     }
     if (!PyCallable_Check(miss) || !PyCallable_Check(moved)) {
@@ -536,6 +608,7 @@ Dispatcher_traverse(Dispatcher *self, visitproc visit, void *arg)
 static int
 Dispatcher_clear(Dispatcher *self)
 {
+    self->vectorcall = NULL; /* a call after a GC clear raises instead of crashing */
     Py_CLEAR(self->cpu_handles);
     Py_CLEAR(self->kernel_handles);
     Py_CLEAR(self->anonymous);

@@ -24,7 +24,7 @@ class Handle:
     @property
     def lasti(self) -> int: ...
     @property
-    def accepted(self) -> set[tuple[CodeType, int]]: ...
+    def accepted(self) -> set[tuple[str, CodeType, int]]: ...
     @property
     def timer(self) -> KernelTimer | None: ...
     @property
@@ -45,7 +45,7 @@ class Dispatcher:
         self,
         cpu_handles: dict[str | None, SectionContext],
         kernel_handles: dict[str | None, SectionContext],
-        anonymous: dict[tuple[CodeType, int, bool], SectionContext],
+        anonymous: dict[tuple[str, CodeType, int, bool], SectionContext],
         miss: Callable[[str | None, bool, FrameType], SectionContext],
         moved: Callable[[SectionContext, FrameType], None],
     ) -> None: ...

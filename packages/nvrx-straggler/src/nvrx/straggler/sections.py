@@ -115,7 +115,7 @@ class SectionContext(Protocol):
     @property
     def lasti(self) -> int: ...
     @property
-    def accepted(self) -> set[tuple[CodeType, int]]: ...
+    def accepted(self) -> set[tuple[str, CodeType, int]]: ...
     @property
     def measuring(self) -> bool: ...
     @property
@@ -138,7 +138,7 @@ class SectionHandle:
         self.section = section
         self.code = code
         self.lasti = lasti
-        self.accepted: set[tuple[CodeType, int]] = {(code, lasti)}
+        self.accepted: set[tuple[str, CodeType, int]] = {(code.co_filename, code, lasti)}
         self._interval = interval
         self._append = section.cpu_elapsed_times.append
         self._nested = 0
@@ -265,6 +265,12 @@ def _location(frame: FrameType) -> str:
     return f"{frame.f_code.co_filename}:{frame.f_lineno}"
 
 
+def _site(frame: FrameType) -> tuple[str, CodeType, int]:
+    """A call site. Code objects of different files can compare equal: the file is in it."""
+    code = frame.f_code
+    return code.co_filename, code, frame.f_lasti
+
+
 class SectionRegistry:
     """Owns the sections of one detector and the handles that time them."""
 
@@ -281,7 +287,7 @@ class SectionRegistry:
         self.cpu_handles: dict[str | None, SectionContext] = {}
         self.kernel_handles: dict[str | None, SectionContext] = {}
         self.cuda_events: dict[str, CudaEventTimes] = {}
-        self._anonymous: dict[tuple[CodeType, int, bool], SectionContext] = {}
+        self._anonymous: dict[tuple[str, CodeType, int, bool], SectionContext] = {}
         self._kernel_timer = kernel_timer
         self._max_samples = max_samples
         self._cuda_event_timing = cuda_event_timing
@@ -311,32 +317,31 @@ class SectionRegistry:
     def handle(self, name: str | None, profile_cuda: bool, frame: FrameType) -> SectionContext:
         """Slow path: find or create the handle for a section entered from ``frame``."""
         code, lasti = frame.f_code, frame.f_lasti
+        anonymous_key = (*_site(frame), bool(profile_cuda))
         if name is None:
-            key = (code, lasti, bool(profile_cuda))
-            found = self._anonymous.get(key)
+            found = self._anonymous.get(anonymous_key)
             if found is not None:
                 return found
-            name = _location(frame)
         elif not isinstance(name, str) or not name:
             raise ValueError(f"detection_section: name must be a non-empty str, got {name!r}")
+        location = _location(frame)
+        name = location if name is None else name
         handles = self.kernel_handles if profile_cuda else self.cpu_handles
         with self._lock:
-            existing = handles.get(name)
-            if existing is not None:
-                self.check_location(existing, frame)
-                return existing
-            section = self.sections.get(name)
-            location = _location(frame)
-            if section is None:
-                section = CustomSection(name, location, max_elapseds_len=self._max_samples)
-                self.sections[name] = section
-            elif section.location != location:
-                raise ValueError(self._reuse_message(name, section.location, location))
-            created = self._make_handle(section, profile_cuda, code, lasti)
-            handles[name] = created
-            if name == location:
-                self._anonymous[(code, lasti, bool(profile_cuda))] = created
-            return created
+            found = handles.get(name)
+            if found is not None:
+                self.check_location(found, frame)
+            else:
+                section = self.sections.get(name)
+                if section is None:
+                    section = CustomSection(name, location, max_elapseds_len=self._max_samples)
+                    self.sections[name] = section
+                elif section.location != location:
+                    raise ValueError(self._reuse_message(name, section.location, location))
+                found = handles[name] = self._make_handle(section, profile_cuda, code, lasti)
+            if name == location:  # later entries without a name find it by call site
+                self._anonymous[anonymous_key] = found
+            return found
 
     def _make_handle(
         self, section: CustomSection, profile_cuda: bool, code: CodeType, lasti: int
@@ -359,7 +364,7 @@ class SectionRegistry:
 
     def check_location(self, handle: SectionContext, frame: FrameType) -> None:
         """Accept a new call site of a section only if it is the same file:line."""
-        site = (frame.f_code, frame.f_lasti)
+        site = _site(frame)
         if site in handle.accepted:
             return
         location = _location(frame)
