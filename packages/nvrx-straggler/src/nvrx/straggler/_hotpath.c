@@ -295,6 +295,9 @@ Handle_exit(Handle *self, PyObject *const *args, Py_ssize_t nargs)
 static int
 Handle_traverse(Handle *self, visitproc visit, void *arg)
 {
+    if (Py_TYPE(self)->tp_flags & Py_TPFLAGS_HEAPTYPE) {
+        Py_VISIT(Py_TYPE(self));
+    }
     Py_VISIT(self->section);
     Py_VISIT(self->code);
     Py_VISIT(self->accepted);
@@ -317,9 +320,66 @@ Handle_clear(Handle *self)
 static void
 Handle_dealloc(Handle *self)
 {
+    PyTypeObject *type = Py_TYPE(self);
+
     PyObject_GC_UnTrack(self);
     Handle_clear(self);
-    Py_TYPE(self)->tp_free((PyObject *)self);
+    type->tp_free((PyObject *)self);
+    if (type->tp_flags & Py_TPFLAGS_HEAPTYPE) {
+        Py_DECREF(type);
+    }
+}
+
+/*
+ * `with handle:` looks __enter__ and __exit__ up on the handle's type. Found as methods
+ * of a C type, each is bound to the handle on every entry: two allocations, which cost
+ * more than everything else the handle does. So each handle gets a subclass of its
+ * own, whose __enter__ and __exit__ are functions already bound to that one handle;
+ * the lookup then returns them as they are. (The cycle handle -> its class -> bound
+ * functions -> handle is collected by the GC once the registry drops the handle.)
+ */
+static PyMethodDef bound_enter = {"__enter__", (PyCFunction)Handle_enter, METH_NOARGS,
+                                  "Count the entry; time it if sampled."};
+static PyMethodDef bound_exit = {"__exit__", (PyCFunction)(void (*)(void))Handle_exit,
+                                 METH_FASTCALL,
+                                 "Record the sampled entry's time unless it raised."};
+static PyType_Slot bound_slots[] = {{0, NULL}};
+static PyType_Spec bound_spec = {
+    .name = "nvrx.straggler._hotpath.Handle",
+    .basicsize = 0,
+    .itemsize = 0,
+    .flags = Py_TPFLAGS_DEFAULT,
+    .slots = bound_slots,
+};
+
+static int
+bind_method(PyObject *type, PyMethodDef *def, PyObject *self)
+{
+    PyObject *fn = PyCFunction_New(def, self);
+    int rc = fn == NULL ? -1 : PyObject_SetAttrString(type, def->ml_name, fn);
+    Py_XDECREF(fn);
+    return rc;
+}
+
+static PyObject *
+Handle_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    PyObject *own_type, *self;
+
+    if (type != &HandleType) {
+        return PyType_GenericNew(type, args, kwds);
+    }
+    own_type = PyType_FromSpecWithBases(&bound_spec, (PyObject *)&HandleType);
+    if (own_type == NULL) {
+        return NULL;
+    }
+    self = PyType_GenericNew((PyTypeObject *)own_type, NULL, NULL);
+    if (self != NULL && (bind_method(own_type, &bound_enter, self) < 0 ||
+                         bind_method(own_type, &bound_exit, self) < 0)) {
+        Py_CLEAR(self);
+    }
+    Py_DECREF(own_type); /* the handle holds its class */
+    return self;
 }
 
 static PyObject *
@@ -370,8 +430,8 @@ static PyTypeObject HandleType = {
               "The context manager of one section: counts entries, times one in every "
               "interval.",
     .tp_basicsize = sizeof(Handle),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
-    .tp_new = PyType_GenericNew,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_BASETYPE,
+    .tp_new = Handle_new,
     .tp_init = (initproc)Handle_init,
     .tp_dealloc = (destructor)Handle_dealloc,
     .tp_traverse = (traverseproc)Handle_traverse,
@@ -411,7 +471,7 @@ same_site(PyObject *handle, PyFrameObject *frame)
     int lasti = frame_lasti(frame);
     int same;
 
-    if (Py_IS_TYPE(handle, &HandleType)) {
+    if (PyObject_TypeCheck(handle, &HandleType)) {
         Handle *h = (Handle *)handle;
         same = (PyObject *)code == h->code && lasti == h->lasti;
     }
