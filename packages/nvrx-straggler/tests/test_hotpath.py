@@ -189,14 +189,17 @@ class _Section:
     cpu_elapsed_times: Any = dataclasses.field(default_factory=_FailingSamples)
 
 
+def _failing_kernel_handle(implementation: str, timer: SyntheticKernelTimer) -> Any:
+    """A handle timing every entry with ``timer``, whose samples cannot be stored."""
+    code = sys._getframe().f_code
+    if implementation == "c":
+        return _hotpath().Handle(_Section(), 1, code, 0, timer)
+    return sections._KernelSectionHandle(_Section(), 1, code, 0, timer)  # type: ignore[arg-type]
+
+
 def test_the_kernel_timer_is_stopped_even_if_the_sample_is_lost(implementation: str) -> None:
     timer = SyntheticKernelTimer()
-    code = sys._getframe().f_code
-    handle: Any
-    if implementation == "c":
-        handle = _hotpath().Handle(_Section(), 1, code, 0, timer)
-    else:
-        handle = sections._KernelSectionHandle(_Section(), 1, code, 0, timer)  # type: ignore[arg-type]
+    handle = _failing_kernel_handle(implementation, timer)
     handle.__enter__()
     assert timer.active
     with pytest.raises(OSError, match="sample store failed"):
@@ -211,13 +214,7 @@ class _StopFails(SyntheticKernelTimer):
 
 
 def test_a_failing_stop_is_raised_with_the_lost_sample_as_context(implementation: str) -> None:
-    code = sys._getframe().f_code
-    timer = _StopFails()
-    handle: Any
-    if implementation == "c":
-        handle = _hotpath().Handle(_Section(), 1, code, 0, timer)
-    else:
-        handle = sections._KernelSectionHandle(_Section(), 1, code, 0, timer)  # type: ignore[arg-type]
+    handle = _failing_kernel_handle(implementation, _StopFails())
     handle.__enter__()
     with pytest.raises(RuntimeError, match="stop failed") as raised:
         handle.__exit__(None, None, None)
