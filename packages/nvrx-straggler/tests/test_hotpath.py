@@ -11,6 +11,7 @@ import dataclasses
 import gc
 import importlib.util
 import os
+import subprocess
 import sys
 import weakref
 from collections.abc import Iterator
@@ -175,6 +176,37 @@ def test_a_closed_detector_is_garbage_collected(implementation: str) -> None:
     gc.collect()
     assert ref() is None
     assert (handle_class() is None) == (implementation == "c")
+
+
+_LEFT_OPEN = """
+from nvrx.straggler import Detector, StragglerDetector, SyntheticKernelTimer
+Detector.initialize(kernel_timer=SyntheticKernelTimer())
+other = StragglerDetector(kernel_timer=SyntheticKernelTimer())
+for det in (Detector, other):
+    for _ in range(3):
+        with det.detection_section("named", profile_cuda=False):
+            pass
+        with det.detection_section("kernels"):
+            pass
+        with det.detection_section(profile_cuda=False):
+            pass
+"""
+
+
+def test_the_interpreter_exits_cleanly_with_detectors_left_open(implementation: str) -> None:
+    # Handles, their classes and dispatchers are then freed by the final collection.
+    env = {k: v for k, v in os.environ.items() if k != "NVRX_STRAGGLER_PURE_PYTHON"}
+    if implementation == "python":
+        env["NVRX_STRAGGLER_PURE_PYTHON"] = "1"
+    done = subprocess.run(
+        [sys.executable, "-X", "faulthandler", "-c", _LEFT_OPEN],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=90,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
 
 
 @dataclasses.dataclass(slots=True)

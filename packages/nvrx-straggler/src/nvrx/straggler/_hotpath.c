@@ -295,7 +295,10 @@ Handle_exit(Handle *self, PyObject *const *args, Py_ssize_t nargs)
 static int
 Handle_traverse(Handle *self, visitproc visit, void *arg)
 {
-    if (Py_TYPE(self)->tp_flags & Py_TPFLAGS_HEAPTYPE) {
+    /* A handle's own class (Handle_new) inherits this function and must be visited
+     * here; a Python subclass's subtype_traverse visits its class itself. */
+    if ((Py_TYPE(self)->tp_flags & Py_TPFLAGS_HEAPTYPE) &&
+        Py_TYPE(self)->tp_traverse == (traverseproc)Handle_traverse) {
         Py_VISIT(Py_TYPE(self));
     }
     Py_VISIT(self->section);
@@ -320,14 +323,12 @@ Handle_clear(Handle *self)
 static void
 Handle_dealloc(Handle *self)
 {
-    PyTypeObject *type = Py_TYPE(self);
-
+    /* Heap subclasses (a handle's own class included: a spec without Py_tp_dealloc
+     * gets subtype_dealloc) reach this through subtype_dealloc, which releases the
+     * class afterwards: it must not be released here too. */
     PyObject_GC_UnTrack(self);
     Handle_clear(self);
-    type->tp_free((PyObject *)self);
-    if (type->tp_flags & Py_TPFLAGS_HEAPTYPE) {
-        Py_DECREF(type);
-    }
+    Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
 /*
