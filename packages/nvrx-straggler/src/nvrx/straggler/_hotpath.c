@@ -339,11 +339,12 @@ Handle_dealloc(Handle *self)
  * the lookup then returns them as they are. (The cycle handle -> its class -> bound
  * functions -> handle is collected by the GC once the registry drops the handle.)
  */
-static PyMethodDef bound_enter = {"__enter__", (PyCFunction)Handle_enter, METH_NOARGS,
-                                  "Count the entry; time it if sampled."};
-static PyMethodDef bound_exit = {"__exit__", (PyCFunction)(void (*)(void))Handle_exit,
-                                 METH_FASTCALL,
-                                 "Record the sampled entry's time unless it raised."};
+static PyMethodDef Handle_methods[] = {
+    {"__enter__", (PyCFunction)Handle_enter, METH_NOARGS, "Count the entry; time it if sampled."},
+    {"__exit__", (PyCFunction)(void (*)(void))Handle_exit, METH_FASTCALL,
+     "Record the sampled entry's time unless it raised."},
+    {NULL, NULL, 0, NULL},
+};
 static PyType_Slot bound_slots[] = {{0, NULL}};
 static PyType_Spec bound_spec = {
     .name = "nvrx.straggler._hotpath.Handle",
@@ -375,8 +376,9 @@ Handle_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
         return NULL;
     }
     self = PyType_GenericNew((PyTypeObject *)own_type, NULL, NULL);
-    if (self != NULL && (bind_method(own_type, &bound_enter, self) < 0 ||
-                         bind_method(own_type, &bound_exit, self) < 0)) {
+    /* The same two functions as the type's methods (a Python subclass uses those). */
+    if (self != NULL && (bind_method(own_type, &Handle_methods[0], self) < 0 ||
+                         bind_method(own_type, &Handle_methods[1], self) < 0)) {
         Py_CLEAR(self);
     }
     Py_DECREF(own_type); /* the handle holds its class */
@@ -398,13 +400,6 @@ Handle_get_measuring(Handle *self, void *Py_UNUSED(closure))
 {
     return PyBool_FromLong(self->t0 != 0);
 }
-
-static PyMethodDef Handle_methods[] = {
-    {"__enter__", (PyCFunction)Handle_enter, METH_NOARGS, "Count the entry; time it if sampled."},
-    {"__exit__", (PyCFunction)(void (*)(void))Handle_exit, METH_FASTCALL,
-     "Record the sampled entry's time unless it raised."},
-    {NULL, NULL, 0, NULL},
-};
 
 static PyMemberDef Handle_members[] = {
     {"section", T_OBJECT, offsetof(Handle, section), READONLY, "The CustomSection timed."},
