@@ -15,10 +15,12 @@ if TYPE_CHECKING:
     from nvrx.ft.config import (
         CLI_NONE,
         FaultToleranceConfig,
+        FieldSpec,
         add_config_arguments,
         add_ft_arguments,
     )
     from nvrx.ft.data import (
+        MAX_DURATION_S,
         MONITOR_SOCKET_ENV,
         HeartbeatTimeouts,
         SectionTimeouts,
@@ -38,8 +40,10 @@ _WHERE = {
     "RankMonitorClientError": "client",
     "CLI_NONE": "config",
     "FaultToleranceConfig": "config",
+    "FieldSpec": "config",
     "add_config_arguments": "config",
     "add_ft_arguments": "config",
+    "MAX_DURATION_S": "data",
     "MONITOR_SOCKET_ENV": "data",
     "HeartbeatTimeouts": "data",
     "SectionTimeouts": "data",
@@ -59,9 +63,11 @@ _WHERE = {
 
 __all__ = [
     "CLI_NONE",
+    "MAX_DURATION_S",
     "MONITOR_SOCKET_ENV",
     "RANK_MONITOR_INIT_TIMEOUT",
     "FaultToleranceConfig",
+    "FieldSpec",
     "HealthError",
     "HeartbeatTimeouts",
     "MonitorEvent",

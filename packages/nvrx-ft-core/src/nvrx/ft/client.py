@@ -169,7 +169,7 @@ class RankMonitorClient:
                 raise RankMonitorClientError(f"rank monitor refused init: {reply.get('error')}")
             if len(fds) != 1:
                 raise RankMonitorClientError("rank monitor sent no shared memory block")
-            cfg = FaultToleranceConfig.from_kwargs(**reply["config"])
+            cfg = FaultToleranceConfig._from_peer(reply["config"])
             sections = list(reply["sections"])
             block = SharedBlock(fds[0], len(sections))
         except (KeyError, TypeError, ValueError, OSError) as exc:

@@ -6,8 +6,12 @@ import dataclasses
 import enum
 
 __all__ = [
+    "FT_LAUNCHER_IPC_SOCKET_ENV_VAR",
+    "FT_RANK_MONITOR_IPC_SOCKET_ENV_VAR",
+    "MAX_DURATION_S",
     "MONITOR_SOCKET_ENV",
     "HeartbeatTimeouts",
+    "SectionAction",
     "SectionTimeouts",
     "WorkloadAction",
     "WorkloadControlRequest",
@@ -15,6 +19,12 @@ __all__ = [
 
 #: Environment variable holding the path of this rank's monitor socket (set by the launcher).
 MONITOR_SOCKET_ENV = "NVRX_FT_MONITOR_SOCKET"
+#: NVRx's name for the same thing; its constant name points at ours.
+FT_RANK_MONITOR_IPC_SOCKET_ENV_VAR = MONITOR_SOCKET_ENV
+#: NVRx's rank-to-launcher socket variable. Workload control requests reach the launcher
+#: through the rank's monitor here, so nvrx never sets or reads it; the name exists
+#: so code that references it keeps importing.
+FT_LAUNCHER_IPC_SOCKET_ENV_VAR = "FT_LAUNCHER_IPC_SOCKET"
 
 
 @dataclasses.dataclass
@@ -73,6 +83,14 @@ def _fmt(value: float | None) -> str:
     return "None" if value is None else f"{value:.2f}"
 
 
+class SectionAction(enum.Enum):
+    """What happened to a section (NVRx has it in ``data``; ``timeouts_calc`` re-exports it)."""
+
+    OPEN = 1
+    CLOSE = 2
+    CLOSE_ALL = 3
+
+
 class WorkloadAction(enum.Enum):
     """What a rank asks the launcher to do with the workload."""
 
@@ -106,3 +124,9 @@ def workload_action_from_name(name: object) -> WorkloadAction:
     raise ValueError(
         f"workload action {name!r} is not one of {', '.join(WorkloadAction.__members__)}"
     )
+
+
+#: The longest duration (seconds) any timeout, interval or grace period may have: 30 days.
+#: Every place a duration enters (config, YAML, CLI, state files, control messages)
+#: refuses a longer one, so no conversion to nanoseconds can overflow.
+MAX_DURATION_S = 30 * 24 * 3600.0

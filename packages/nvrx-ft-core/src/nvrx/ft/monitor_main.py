@@ -48,9 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parent-pid", type=int, default=None)
     args = parser.parse_args(argv)
     _die_with_parent(args.parent_pid)
-    cfg = FaultToleranceConfig.from_kwargs(
-        ignore_not_recognized=False, **json.loads(args.config_json)
-    )
+    cfg = FaultToleranceConfig._from_peer(json.loads(args.config_json))
     server = RankMonitorServer(
         cfg, args.socket, local_rank=args.local_rank, events_socket=args.events_socket
     )

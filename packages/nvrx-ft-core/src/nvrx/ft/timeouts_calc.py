@@ -13,11 +13,10 @@ the public methods and attributes use seconds, as NVRx's do.
 
 from __future__ import annotations
 
-import enum
 import time
 from collections.abc import Iterable
 
-from nvrx.ft.data import HeartbeatTimeouts, SectionTimeouts
+from nvrx.ft.data import HeartbeatTimeouts, SectionAction, SectionTimeouts
 
 __all__ = ["SectionAction", "SectionStat", "TimeoutsCalc", "TimeoutsCalcError"]
 
@@ -26,14 +25,6 @@ _NS = 1_000_000_000
 
 class TimeoutsCalcError(Exception):
     """Raised for a bad section event or when there is not enough data to calculate."""
-
-
-class SectionAction(enum.Enum):
-    """What happened to a section."""
-
-    OPEN = 1
-    CLOSE = 2
-    CLOSE_ALL = 3
 
 
 class SectionStat:
