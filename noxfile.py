@@ -4,15 +4,19 @@
 
 torch is installed first in every venv that needs it and then pinned with a
 constraints file, so no later install can swap in another build (a CUDA wheel of
-several GB, say). ``NVRX_TORCH_SPEC`` chooses the torch requirement; the default
-is the CPU wheel ``torch==2.13.0``.
+several GB, say). ``NVRX_TORCH_SPEC`` chooses the torch requirement (default
+``torch==2.13.0``) and ``NVRX_TORCH_INDEX`` the index it comes from: a wheel pip finds
+on this machine (its find-links) is used as it is; otherwise, on Linux, torch comes
+from PyTorch's CPU wheel index rather than PyPI's CUDA build (see ``torch_index``).
 """
 
 from __future__ import annotations
 
 import os
 import pathlib
+import platform
 import shutil
+import subprocess
 import sys
 
 import nox
@@ -25,13 +29,20 @@ nox.options.sessions = ["ci"]
 
 ROOT = pathlib.Path(__file__).resolve().parent
 TORCH_SPEC = os.environ.get("NVRX_TORCH_SPEC", "torch==2.13.0")
+#: PyTorch's documented index for CPU-only wheels (``pip install torch --index-url ...``).
+TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+#: The CPythons every package claims (its classifiers); ``hotpath_matrix`` builds on each.
+PYTHONS = ["3.10", "3.11", "3.12", "3.13"]
+#: nvrx-straggler's tests of its C hot path that run without torch, and what they need.
+HOTPATH_TESTS = [str(ROOT / "packages" / "nvrx-straggler" / "tests" / "test_hotpath.py")]
+HOTPATH_TEST_TOOLS = ["pytest>=8", "pytest-timeout>=2.3"]
 
 # Each distribution and the siblings it declares, in install order.
 PACKAGES: dict[str, list[str]] = {
     "nvrx-ft-core": [],
     "nvrx-ft-launcher": ["nvrx-ft-core"],
     "nvrx-straggler": [],
-    "nvrx-ptl": ["nvrx-ft-core", "nvrx-straggler"],
+    "nvrx-ptl": ["nvrx-ft-core", "nvrx-ft-launcher", "nvrx-straggler"],
 }
 IMPORT_NAMES = {
     "nvrx-ft-core": "nvrx.ft",
@@ -40,7 +51,13 @@ IMPORT_NAMES = {
     "nvrx-ptl": "nvrx.ptl",
 }
 # What every session that runs the whole stack needs beside the four packages.
-STACK_EXTRAS = ["lightning>=2.1", "omegaconf>=2.3", "pytest>=8", "pytest-timeout>=2.3"]
+STACK_EXTRAS = [
+    "lightning>=2.1",
+    "omegaconf>=2.3",
+    "psutil>=5.9",  # the integration harness and benchmarks find stray processes with it
+    "pytest>=8",
+    "pytest-timeout>=2.3",
+]
 CI_SESSIONS = [
     "lint",
     "typecheck",
@@ -55,9 +72,35 @@ def _pkg_dir(name: str) -> str:
     return str(ROOT / "packages" / name)
 
 
+def torch_index(python: str, env: dict[str, str] | os._Environ[str] = os.environ) -> list[str]:
+    """pip arguments that choose where torch comes from, for the interpreter ``python``.
+
+    ``NVRX_TORCH_INDEX`` unset: a wheel matching ``NVRX_TORCH_SPEC`` that pip finds
+    without any index (its find-links, as on a machine with a local wheel cache) is
+    used through pip's own configuration; failing that, Linux gets PyTorch's CPU index,
+    since PyPI's Linux torch is the CUDA build with several GB of CUDA libraries.
+    ``NVRX_TORCH_INDEX=<url>`` uses that index (``.../whl/cu128`` for a GPU machine);
+    ``NVRX_TORCH_INDEX=pypi`` uses pip's own configuration unchanged.
+    """
+    chosen = env.get("NVRX_TORCH_INDEX", "").strip()
+    if chosen == "pypi":
+        return []
+    if chosen:
+        if not chosen.startswith(("https://", "http://", "file://")):
+            raise ValueError(
+                f"NVRX_TORCH_INDEX={chosen!r} is not valid: give an index URL or 'pypi'"
+            )
+        return ["--index-url", chosen]
+    if platform.system() != "Linux":
+        return []  # PyPI's macOS and Windows wheels are CPU builds already
+    probe = [python, "-m", "pip", "install", "--dry-run", "--no-deps", "--no-index", "-q"]
+    found = subprocess.run([*probe, TORCH_SPEC], capture_output=True, check=False)
+    return [] if found.returncode == 0 else ["--index-url", TORCH_CPU_INDEX]
+
+
 def install_torch(session: nox.Session) -> str:
     """Install torch from ``NVRX_TORCH_SPEC`` and return a constraints file that pins it."""
-    session.install(TORCH_SPEC)
+    session.install(*torch_index_or_error(session, session_python(session)), TORCH_SPEC)
     out = session.run(
         "python", "-c", "import torch; print(torch.__version__)", silent=True, log=False
     )
@@ -65,6 +108,19 @@ def install_torch(session: nox.Session) -> str:
     constraints = pathlib.Path(session.create_tmp()) / "constraints.txt"
     constraints.write_text(f"torch=={version}\n")
     return str(constraints)
+
+
+def session_python(session: nox.Session) -> str:
+    """The interpreter of the session's venv."""
+    return str(pathlib.Path(session.bin) / "python")
+
+
+def torch_index_or_error(session: nox.Session, python: str) -> list[str]:
+    """``torch_index`` for ``python``, or the session fails naming the bad value."""
+    try:
+        return torch_index(python)
+    except ValueError as exc:
+        session.error(str(exc))
 
 
 def install_packages(session: nox.Session, names: list[str], *extra: str) -> str:
@@ -91,12 +147,13 @@ def pytest_args(session: nox.Session, *paths: str) -> list[str]:
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    """ruff lint and format check, and the one-version rule."""
-    session.install("ruff>=0.6")
+    """ruff lint and format check, the one-version rule, declared = imported dependencies."""
+    session.install("ruff>=0.6", "tomli>=2; python_version < '3.11'")
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
     session.run("python", "tools/version.py", "--check")
     session.run("python", "tools/check_ci_command.py")
+    session.run("python", "tools/check_deps.py")
 
 
 @nox.session
@@ -108,6 +165,7 @@ def typecheck(session: nox.Session) -> None:
         *STACK_EXTRAS,
         "mypy>=1.10",
         "nox>=2024.4.15",
+        "tomli>=2",  # tools/check_deps.py on Python 3.10, which mypy targets
         "types-PyYAML",
         "types-psutil",
     )
@@ -166,27 +224,27 @@ def tests(session: nox.Session, package: str) -> None:
 @nox.session
 def integration(session: nox.Session) -> None:
     """Cross-package tests: real ft_launcher runs, Lightning, the fault matrix."""
-    install_packages(session, list(PACKAGES), *STACK_EXTRAS)
-    # nvrx-ptl does not declare the launcher, so its tests under a real ft_launcher
-    # skip in its own session and run here, where every package is installed.
-    paths = session.posargs or [
-        str(ROOT / "tests-integration"),
-        str(ROOT / "packages" / "nvrx-ptl" / "tests" / "test_under_ft_launcher.py"),
-    ]
+    # nox: the tests of noxfile.py's own helpers (tests-integration/test_packaging.py).
+    install_packages(session, list(PACKAGES), *STACK_EXTRAS, "nox>=2024.4.15")
+    paths = session.posargs or [str(ROOT / "tests-integration")]
     session.run(*pytest_args(session, *paths), "-m", "not gpu")
 
 
 @nox.session
 def build(session: nox.Session) -> None:
     """Build every wheel and sdist with hatch (nvrx-straggler's through setuptools, for
-    its C extension); install each wheel alone and import it."""
-    session.install("hatch>=1.9")
+    its C extension); check their metadata and contents (tools/check_dist.py, twine
+    check --strict); install each wheel alone and import it."""
+    session.install("hatch>=1.9", "twine>=6.1")
     dist = ROOT / "dist"
     shutil.rmtree(dist, ignore_errors=True)
     for name in PACKAGES:
         session.chdir(_pkg_dir(name))
         session.run("hatch", "build", str(dist))
     session.chdir(ROOT)
+    artifacts = sorted(str(p) for p in dist.iterdir())
+    session.run("python", "tools/check_dist.py", str(dist), "--expect-hotpath")
+    session.run("twine", "check", "--strict", *artifacts)
     constraints = pathlib.Path(session.create_tmp()) / "constraints.txt"
     constraints.write_text(f"{TORCH_SPEC}\n")
     for name in PACKAGES:
@@ -195,7 +253,8 @@ def build(session: nox.Session) -> None:
         shutil.rmtree(venv, ignore_errors=True)
         session.run(sys.executable, "-m", "venv", str(venv), external=True)
         python = str(venv / "bin" / "python")
-        session.run(python, "-m", "pip", "install", "-q", TORCH_SPEC, external=True)
+        index = torch_index_or_error(session, python)
+        session.run(python, "-m", "pip", "install", "-q", *index, TORCH_SPEC, external=True)
         session.run(
             python, "-m", "pip", "install", "-q", "-c", str(constraints),
             "--find-links", str(dist), str(wheel), external=True,
@@ -205,6 +264,45 @@ def build(session: nox.Session) -> None:
             # The wheel carries the compiled hot path, not only its Python fallback.
             check += "; from nvrx.straggler.sections import HOT_PATH; assert HOT_PATH == 'c'"
         session.run(python, "-c", check, external=True)
+        shutil.rmtree(venv)
+
+
+def find_python(version: str) -> str | None:
+    """An interpreter of CPython ``version``: ``python<version>`` on PATH, else one pyenv
+    installed (its shims only run the versions pyenv was told to activate)."""
+    pyenv = pathlib.Path(os.environ.get("PYENV_ROOT", pathlib.Path.home() / ".pyenv"))
+    candidates = [shutil.which(f"python{version}")]
+    candidates += sorted(map(str, pyenv.glob(f"versions/{version}.*/bin/python{version}")))
+    check = "import sys; print('%d.%d' % sys.version_info[:2])"
+    for candidate in filter(None, candidates):
+        out = subprocess.run([candidate, "-c", check], capture_output=True, text=True)
+        if out.returncode == 0 and out.stdout.strip() == version:
+            return candidate
+    return None
+
+
+@nox.session(venv_backend="none")
+def hotpath_matrix(session: nox.Session) -> None:
+    """nvrx-straggler's C hot path built and parity-tested on every CPython we claim."""
+    # One venv per CPython, without torch (the hot path and its parity tests do not
+    # need it), holding nvrx-straggler installed as a user would: built from source.
+    missing = [v for v in PYTHONS if find_python(v) is None]
+    if missing:
+        session.error(f"no CPython {', '.join(missing)} on PATH or in pyenv")
+    for version in PYTHONS:
+        python = find_python(version)
+        assert python is not None
+        venv = pathlib.Path(session.create_tmp()) / f"hotpath-{version}"
+        shutil.rmtree(venv, ignore_errors=True)
+        session.run(python, "-m", "venv", str(venv), external=True)
+        vpython = str(venv / "bin" / "python")
+        install = [vpython, "-m", "pip", "install", "-q"]
+        session.run(*install, *HOTPATH_TEST_TOOLS, external=True)
+        session.run(*install, "--no-deps", _pkg_dir("nvrx-straggler"), external=True)
+        session.run(
+            vpython, *pytest_args(session, *HOTPATH_TESTS)[1:], *session.posargs,
+            env={"NVRX_REQUIRE_HOTPATH": "1"}, external=True,
+        )  # fmt: skip
         shutil.rmtree(venv)
 
 
@@ -224,14 +322,43 @@ def bench(session: nox.Session) -> None:
     session.run("python", "benchmarks/run.py", *args)
 
 
+def gpu_required(env: dict[str, str] | os._Environ[str] = os.environ) -> bool:
+    """Whether ``NVRX_REQUIRE_GPU`` says this machine must have a GPU (``1``) or not
+    (``0`` or unset); any other value is refused, naming it."""
+    value = env.get("NVRX_REQUIRE_GPU", "0").strip()
+    if value not in ("0", "1", ""):
+        raise ValueError(f"NVRX_REQUIRE_GPU={value!r} is not valid: use 1 or 0")
+    return value == "1"
+
+
+def no_gpu_outcome(required: bool) -> tuple[bool, str]:
+    """What ``gpu_tests`` does where torch sees no GPU: (fail?, the message it gives)."""
+    if required:
+        return True, "NVRX_REQUIRE_GPU=1 but torch sees no CUDA GPU: no gpu test could run"
+    return False, "no CUDA GPU visible to torch: no gpu tests were run (this is not a pass)"
+
+
+def visible_gpus(session: nox.Session) -> int:
+    """How many CUDA devices torch sees in the session's venv."""
+    probe = "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)"
+    out = str(session.run("python", "-c", probe, silent=True, log=False)).strip()
+    return int(out.splitlines()[-1]) if out else 0
+
+
 @nox.session
 def gpu_tests(session: nox.Session) -> None:
-    """Tests marked gpu. Without a GPU this says so and runs nothing."""
+    """Tests marked gpu. Without a GPU: fails if NVRX_REQUIRE_GPU=1, else says so and
+    runs nothing."""
+    try:
+        required = gpu_required()
+    except ValueError as exc:
+        session.error(str(exc))
     install_packages(session, list(PACKAGES), *STACK_EXTRAS)
-    probe = "import torch; print(torch.cuda.is_available() and torch.cuda.device_count())"
-    found = str(session.run("python", "-c", probe, silent=True, log=False)).strip()
-    if found in ("False", "0", ""):
-        session.log("no CUDA GPU visible to torch: no gpu tests were run (this is not a pass)")
+    if visible_gpus(session) == 0:
+        fail, message = no_gpu_outcome(required)
+        if fail:
+            session.error(message)
+        session.warn(message)
         return
     session.install("cupti-python>=12.8")
     tests_dirs = [str(ROOT / "packages" / n / "tests") for n in PACKAGES]
