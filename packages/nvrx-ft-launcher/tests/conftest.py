@@ -21,12 +21,16 @@ def start_launcher(tmp_path: pathlib.Path) -> Iterator[Callable[..., Launcher]]:
     out.mkdir()
 
     def start(
-        launcher_args: list[str], script_args: list[str] | None = None, *, name: str = "launcher"
+        launcher_args: list[str],
+        script_args: list[str] | None = None,
+        *,
+        name: str = "launcher",
+        env: dict[str, str] | None = None,
     ) -> Launcher:
         launcher_args = [a.replace("{out}", str(out)) for a in launcher_args]
         args = [*FAST_FT, *launcher_args, str(TRAIN_SCRIPT), "--out", str(out)]
         args += script_args or []
-        launcher = Launcher(args, out, tmp_path / f"{name}.log")
+        launcher = Launcher(args, out, tmp_path / f"{name}.log", env)
         started.append(launcher)
         return launcher
 

@@ -79,10 +79,16 @@ def wait_for(condition: Callable[[], bool], timeout: float = 60.0, what: str = "
 class Launcher:
     """One ft_launcher process, its output file, and the training output directory."""
 
-    def __init__(self, args: list[str], out: pathlib.Path, log: pathlib.Path) -> None:
+    def __init__(
+        self,
+        args: list[str],
+        out: pathlib.Path,
+        log: pathlib.Path,
+        extra_env: dict[str, str] | None = None,
+    ) -> None:
         self.out = out
         self.log_path = log
-        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", **(extra_env or {}))
         env.pop("NVRX_FT_MONITOR_SOCKET", None)
         self._log_file = log.open("wb")
         self.proc = subprocess.Popen(

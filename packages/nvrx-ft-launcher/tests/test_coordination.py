@@ -7,13 +7,27 @@ EtcdStore, has only set/get/add/check/wait: no compare-and-set.
 from __future__ import annotations
 
 import datetime
+import json
+import os
 import pathlib
+import threading
+import time
 
 import pytest
 from torch._C._distributed_c10d import HashStore, PrefixStore, Store, TCPStore
 
-from nvrx.launcher.coordination import Action, Decision, JobCoordinator, JobState
-from nvrx.launcher.progress import made_progress, read_progress
+from nvrx.launcher._job_key import load_job_key, sign
+from nvrx.launcher.coordination import (
+    Action,
+    Decision,
+    JobCoordinator,
+    JobState,
+    StopCause,
+)
+from nvrx.launcher.exit_codes import ExitCode
+from nvrx.launcher.progress import check_progress_file, made_progress, read_progress
+
+KEY = b"k" * 32
 
 
 class EtcdLikeStore(Store):
@@ -100,12 +114,158 @@ def test_exit_barrier_counts(store: Store) -> None:
 
 
 def test_decision_wire_format_round_trips_and_rejects_garbage() -> None:
-    d = Decision(Action.STOP, "why", "n", JobState(2, 1, 1), exit_code=93, charged=False)
+    d = Decision(Action.STOP, "why", "n", JobState(2, 1, 1), StopCause.NO_PROGRESS)
     assert Decision.from_json(d.to_json().encode()) == d
-    with pytest.raises(ValueError, match="bad launcher decision"):
-        Decision.from_json(b'{"action": "explode"}')
-    with pytest.raises(ValueError, match="bad launcher decision"):
-        Decision.from_json(b"\x80not json")
+    assert d.exit_code == ExitCode.NO_PROGRESS
+    body = json.loads(d.to_json())
+    bad_bodies = [
+        {"action": "explode"},
+        {**body, "exit_code": 0},  # the exit code is never read from the store
+        {**body, "stop_cause": None},  # a stop without its cause
+        {**body, "charged": 1},
+        {**body, "state": {"cycle": -1, "charged": 0, "no_progress": 0}},
+        {**body, "state": {"cycle": True, "charged": 0, "no_progress": 0}},
+        {**body, "reason": "x" * 5000},
+        {**body, "node": ["n"]},
+    ]
+    for bad in bad_bodies:
+        with pytest.raises(ValueError, match="bad launcher decision"):
+            Decision.from_json(json.dumps(bad).encode())
+    for raw in [b"\x80not json", b"[" * 100_000, b"1e999999", b"{}" * 40_000]:
+        with pytest.raises(ValueError, match="bad launcher decision"):
+            Decision.from_json(raw)
+
+
+def test_exit_code_follows_the_decision_kind() -> None:
+    state = JobState(1, 1, 0)
+    assert Decision(Action.SHUTDOWN, "r", "n", state).exit_code == ExitCode.WORKLOAD_SHUTDOWN
+    stop = Decision(Action.STOP, "r", "n", state, StopCause.RESTARTS_EXHAUSTED)
+    assert stop.exit_code == ExitCode.RESTARTS_EXHAUSTED
+    with pytest.raises(ValueError, match="stop cause"):
+        Decision(Action.STOP, "r", "n", state)
+    with pytest.raises(ValueError, match="stop cause"):
+        Decision(Action.RESTART, "r", "n", state, StopCause.NO_PROGRESS)
+
+
+def _envelope(body: str, mac: str | None) -> str:
+    return json.dumps({"v": 1, "body": body, "mac": mac})
+
+
+def _stop_body(cycle: int) -> str:
+    return Decision(
+        Action.STOP, "forged", "evil", JobState(cycle, 0, 0), StopCause.RESTARTS_EXHAUSTED
+    ).to_json()
+
+
+@pytest.mark.parametrize("key", [None, KEY], ids=["no-key", "key"])
+def test_malformed_values_are_ignored_and_reported(store: Store, key: bytes | None) -> None:
+    rejected: list[tuple[str, str]] = []
+    coord = JobCoordinator(
+        store, "job", "a", key=key, on_reject=lambda k, why: rejected.append((k, why))
+    )
+    raw = PrefixStore("nvrx.launcher.job", store)
+    for value in ["not json", "[[[[", _envelope("{}", None), '{"v": 2, "body": "", "mac": null}']:
+        raw.set("cycle/0/decision", value)
+        assert coord.poll(0) is None
+    raw.set("state", "\x00garbage")
+    assert coord.state() == JobState()
+    assert len(rejected) == 5
+    assert {k for k, _ in rejected} == {
+        "nvrx.launcher.job/cycle/0/decision",
+        "nvrx.launcher.job/state",
+    }
+    # Each bad value is reported once, however often it is polled.
+    assert coord.poll(0) is None
+    assert len(rejected) == 5
+
+
+def test_with_a_key_unsigned_forged_and_replayed_values_do_not_count(store: Store) -> None:
+    a = JobCoordinator(store, "job", "a", key=KEY)
+    raw = PrefixStore("nvrx.launcher.job", store)
+    # Unsigned, and signed with another key.
+    raw.set("cycle/0/decision", _envelope(_stop_body(0), None))
+    assert a.poll(0) is None
+    context = "nvrx.launcher/v1/job/cycle/0/decision"
+    raw.set(
+        "cycle/0/decision",
+        _envelope(_stop_body(0), sign(b"x" * 32, context, _stop_body(0).encode())),
+    )
+    assert a.poll(0) is None
+    # A genuine decision of cycle 0 ...
+    won = a.decide(0, _restart("a"))  # type: ignore[arg-type]
+    assert a.poll(0) == won
+    genuine = raw.get("cycle/0/decision").decode()
+    # ... replayed as the decision of another cycle, or of another run, does not verify.
+    raw.set("cycle/1/decision", genuine)
+    assert a.poll(1) is None
+    other = JobCoordinator(store, "job2", "a", key=KEY)
+    PrefixStore("nvrx.launcher.job2", store).set("cycle/0/decision", genuine)
+    assert other.poll(0) is None
+    # A node without the key cannot publish for one with it, and vice versa it still reads.
+    assert JobCoordinator(store, "job", "b").poll(0) == won
+
+
+def test_state_follows_decisions_past_an_old_or_forged_hint(store: Store) -> None:
+    a = JobCoordinator(store, "job", "a", key=KEY)
+    a.decide(0, _restart("a"))  # type: ignore[arg-type]
+    first_hint = PrefixStore("nvrx.launcher.job", store).get("state").decode()
+    a.decide(1, _restart("a"))  # type: ignore[arg-type]
+    assert a.state() == JobState(2, 2, 0)
+    raw = PrefixStore("nvrx.launcher.job", store)
+    raw.set("state", first_hint)  # replay of an older, genuine state
+    assert a.state() == JobState(2, 2, 0)
+    forged = json.dumps({"cycle": 0, "charged": 0, "no_progress": 0})
+    raw.set("state", _envelope(forged, "00" * 32))
+    assert a.state() == JobState(2, 2, 0)
+
+
+def test_a_waiting_node_skips_a_forged_decision_for_the_real_one(store: Store) -> None:
+    if isinstance(store, TCPStore):
+        peer: Store = TCPStore("127.0.0.1", store.port, is_master=False)
+    else:
+        peer = store
+    a = JobCoordinator(store, "job", "a", key=KEY)
+    b = JobCoordinator(peer, "job", "b", key=KEY)
+    raw = PrefixStore("nvrx.launcher.job", peer)
+    assert raw.add("cycle/0/claim", 1) == 1  # a claims cycle 0 (here: by hand)
+    raw.set("cycle/0/decision", _envelope(_stop_body(0), None))
+    result: list[Decision] = []
+    waiter = threading.Thread(target=lambda: result.append(a.decide(0, _restart("a"))))  # type: ignore[arg-type]
+    waiter.start()
+    time.sleep(0.3)
+    assert not result  # the forged stop was not taken
+    b._publish(
+        "cycle/0/decision",
+        Decision(Action.RESTART, "r", "b", JobState(1, 1, 0), charged=True).to_json(),
+    )
+    waiter.join(10)
+    assert [(d.node, d.action) for d in result] == [("b", Action.RESTART)]
+
+
+def test_job_key_from_env_and_file(tmp_path: pathlib.Path) -> None:
+    assert load_job_key({}) is None
+    assert load_job_key({"NVRX_JOB_KEY": " " + "s" * 20 + "\n"}) == b"s" * 20
+    with pytest.raises(ValueError, match="at least 16 bytes"):
+        load_job_key({"NVRX_JOB_KEY": "short"})
+    path = tmp_path / "key"
+    path.write_bytes(b"f" * 32 + b"\n")
+    path.chmod(0o640)
+    with pytest.raises(ValueError, match="owner-only"):
+        load_job_key({"NVRX_JOB_KEY_FILE": str(path)})
+    path.chmod(0o600)
+    assert load_job_key({"NVRX_JOB_KEY_FILE": str(path)}) == b"f" * 32
+    with pytest.raises(ValueError, match="not both"):
+        load_job_key({"NVRX_JOB_KEY_FILE": str(path), "NVRX_JOB_KEY": "s" * 20})
+    with pytest.raises(ValueError, match="cannot open"):
+        load_job_key({"NVRX_JOB_KEY_FILE": str(tmp_path / "missing")})
+    link = tmp_path / "link"
+    link.symlink_to(path)
+    with pytest.raises(ValueError, match="cannot open"):
+        load_job_key({"NVRX_JOB_KEY_FILE": str(link)})
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo, 0o600)
+    with pytest.raises(ValueError, match="not a regular file"):
+        load_job_key({"NVRX_JOB_KEY_FILE": str(fifo)})
 
 
 def test_progress_file(tmp_path: pathlib.Path) -> None:
@@ -121,3 +281,15 @@ def test_progress_file(tmp_path: pathlib.Path) -> None:
     assert not made_progress(100, 119, 20)
     assert not made_progress(120, None, 1)
     assert not made_progress(None, None, 1)
+
+
+@pytest.mark.timeout(10)
+def test_progress_fifo_is_refused_and_never_blocks(tmp_path: pathlib.Path) -> None:
+    fifo = tmp_path / "progress.fifo"
+    os.mkfifo(fifo, 0o600)
+    with pytest.raises(ValueError, match="not a regular file"):
+        check_progress_file(fifo)
+    with pytest.raises(ValueError, match="not a regular file"):
+        check_progress_file(tmp_path)
+    check_progress_file(tmp_path / "missing")  # the training creates it later
+    assert read_progress(fifo) is None  # returns at once, no writer needed

@@ -88,3 +88,45 @@ def test_second_signal_skips_the_term_timeout(start_launcher: Start) -> None:
     launcher.proc.send_signal(signal.SIGINT)
     assert launcher.wait(60) == exit_code_for_signal(signal.SIGINT), launcher.log()
     _all_gone(procs, timeout=1.0)
+
+
+def _pids_mentioning(fragment: str) -> list[int]:
+    """Live, non-zombie processes anywhere whose command line contains ``fragment``."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if fragment in " ".join(proc.cmdline()) and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc.pid)
+        except psutil.Error:
+            continue
+    return found
+
+
+def _children(launcher: Launcher, ranks: int) -> list[psutil.Process]:
+    wait_for(
+        lambda: len([e for e in read_events(launcher.out) if e["event"] == "child"]) == ranks,
+        what="every rank's child",
+    )
+    return [psutil.Process(e["pid"]) for e in read_events(launcher.out) if e["event"] == "child"]
+
+
+@pytest.mark.timeout(120)
+def test_sigkill_of_the_launcher_takes_the_ranks_own_children_along(start_launcher: Start) -> None:
+    launcher = start_launcher(["--nproc-per-node", "2"], ["--steps", "100000", "--spawn-child"])
+    procs = _running(launcher, 2)
+    children = _children(launcher, 2)
+    assert all(c.is_running() for c in children)
+    # Each rank's own child is not the rank: PDEATHSIG alone would leave it running.
+    assert not {c.pid for c in children} & {p.pid for p in procs if "train_script" in p.name()}
+    launcher.proc.send_signal(signal.SIGKILL)
+    launcher.wait(30)
+    wait_for(lambda: all_gone(procs + children), timeout=30, what="ranks and their children")
+    # Nothing that mentions this job's output directory runs any more (guards included).
+    wait_for(lambda: not _pids_mentioning(str(launcher.out)), timeout=10, what="no leftovers")
+
+
+@pytest.mark.timeout(120)
+def test_the_ranks_guards_leave_with_the_ranks(start_launcher: Start) -> None:
+    launcher = start_launcher(["--nproc-per-node", "2"], ["--steps", "6"])
+    assert launcher.wait(60) == 0, launcher.log()
+    wait_for(lambda: not _pids_mentioning(str(launcher.out)), timeout=10, what="no leftovers")

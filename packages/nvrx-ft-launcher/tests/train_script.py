@@ -9,6 +9,9 @@ A fault is injected with ``--fault KIND:RANK:STEP[:CYCLE]``: on global rank RANK
 step STEP, in restart cycle CYCLE (default 0; ``*`` means every cycle), do KIND:
 ``sigkill``, ``raise``, ``exit`` (code 3), ``hang`` (SIGSTOP itself), ``exclude`` or
 ``shutdown`` (workload control requests, then keep training).
+
+``--spawn-child`` makes each rank start a child process of its own (as a DataLoader
+worker would) that sleeps; its pid is logged as a ``child`` event.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import json
 import os
 import pathlib
 import signal
+import subprocess
 import sys
 import time
 
@@ -66,6 +70,7 @@ def main() -> int:
     parser.add_argument("--no-checkpoint", action="store_true")
     parser.add_argument("--ignore-sigterm", action="store_true")
     parser.add_argument("--exit0-on-sigterm", action="store_true")
+    parser.add_argument("--spawn-child", action="store_true")
     args = parser.parse_args()
     if args.ignore_sigterm:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -85,6 +90,11 @@ def main() -> int:
         group_rank=int(os.environ["GROUP_RANK"]),
         world=int(os.environ["WORLD_SIZE"]),
     )
+    if args.spawn_child:
+        child = subprocess.Popen(  # fixed argv
+            [sys.executable, "-c", "import time; time.sleep(600)", str(out)]
+        )
+        _log(out, event="child", rank=rank, cycle=cycle, pid=child.pid)
     client = RankMonitorClient()
     client.init_workload_monitoring()
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))

@@ -42,11 +42,12 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRende
 
 from nvrx.ft import MonitorEvent
 
-from .coordination import Action, Decision, JobCoordinator, JobState
+from ._job_key import KEY_ENV, KEY_FILE_ENV, load_job_key
+from .coordination import Action, Decision, JobCoordinator, JobState, StopCause
 from .exit_codes import ExitCode
 from .journal import JsonLines
 from .monitors import MonitorSupervisor
-from .progress import made_progress, read_progress
+from .progress import check_progress_file, made_progress, read_progress
 from .rendezvous import renew_worker_store
 from .spares import SparePool, spare_handlers
 
@@ -91,6 +92,25 @@ class _Cycle:
     terminated: dict[int, MonitorEvent] = dataclasses.field(default_factory=dict)
     first_report: float | None = None
     spares_started: bool = False
+
+
+def _job_key() -> bytes | None:
+    """The job key from the environment (kept from the ranks), warning when there is none."""
+    try:
+        key = load_job_key(os.environ)
+    except ValueError as exc:
+        raise LauncherExit(int(ExitCode.USAGE_ERROR), str(exc)) from None
+    # The ranks and everything they start inherit the environment; they need no key.
+    os.environ.pop(KEY_ENV, None)
+    if key is None:
+        logger.warning(
+            "no job key (%s or %s): job decisions in the rendezvous store are not "
+            "authenticated, so anyone who can reach the store's port can stop or restart "
+            "this job; see the launcher guide, 'Securing the rendezvous store'",
+            KEY_ENV,
+            KEY_FILE_ENV,
+        )
+    return key
 
 
 def _on_sigchld(signum: int, frame: object) -> None:
@@ -145,6 +165,14 @@ class FtAgent(LocalElasticAgent):
             shutdown_timeout=math.ceil(term_timeout),
         )
         self._policy = policy
+        self._job_key = _job_key()
+        if policy.progress_file is not None:
+            try:
+                check_progress_file(policy.progress_file)
+            except ValueError as exc:
+                raise LauncherExit(
+                    int(ExitCode.USAGE_ERROR), f"--ft-progress-file {policy.progress_file!r}: {exc}"
+                ) from None
         self._monitors = monitors
         self._node = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self._journal = journal
@@ -200,7 +228,13 @@ class FtAgent(LocalElasticAgent):
             # quick failure on another node cannot move us past a cycle.
             # WorkerGroup.store is declared as None in torch; the rendezvous set it.
             store = cast(Store, worker_group.store)
-            self._coord = JobCoordinator(store, spec.rdzv_handler.get_run_id(), self._node)
+            self._coord = JobCoordinator(
+                store,
+                spec.rdzv_handler.get_run_id(),
+                self._node,
+                key=self._job_key,
+                on_reject=self._journal_rejected,
+            )
             self._state = self._coord.state()
         self._remaining_restarts = spec.max_restarts - self._state.cycle
 
@@ -421,9 +455,7 @@ class FtAgent(LocalElasticAgent):
             )
             decision = coord.decide(
                 cycle,
-                lambda state: Decision(
-                    Action.SHUTDOWN, reason, self._node, state, int(ExitCode.WORKLOAD_SHUTDOWN)
-                ),
+                lambda state: Decision(Action.SHUTDOWN, reason, self._node, state),
             )
             return self._apply(decision, noticed)
         if exclude is not None:
@@ -486,6 +518,11 @@ class FtAgent(LocalElasticAgent):
                 )
         return out
 
+    def _journal_rejected(self, key: str, why: str) -> None:
+        self._journal.write(
+            {"event": "store_value_ignored", "cycle": self._cycle.number, "key": key, "why": why}
+        )
+
     def _journal_failures(self, result: RunResult) -> None:
         for global_rank, failure in sorted(result.failures.items()):
             event = self._cycle.terminated.get(failure.local_rank)
@@ -525,7 +562,7 @@ class FtAgent(LocalElasticAgent):
                 f"{reason}; no restarts left ({state.charged}/{policy.max_restarts} used)",
                 self._node,
                 state,
-                int(ExitCode.RESTARTS_EXHAUSTED),
+                StopCause.RESTARTS_EXHAUSTED,
             )
         no_progress = state.no_progress
         if policy.max_no_progress_restarts > 0 and policy.progress_file is not None:
@@ -541,7 +578,7 @@ class FtAgent(LocalElasticAgent):
                     f"{now}) across {policy.max_no_progress_restarts} restart(s)",
                     self._node,
                     dataclasses.replace(state, no_progress=no_progress),
-                    int(ExitCode.NO_PROGRESS),
+                    StopCause.NO_PROGRESS,
                 )
         return Decision(
             Action.RESTART,

@@ -8,7 +8,14 @@ progress) and publishes it; every other launcher polls for it each tick and foll
 it. So a healthy node learns of a restart within one monitor interval, the budget is
 counted once per job restart however many nodes fail, and all nodes agree on the exit
 code.
-Everything on the wire is JSON.
+
+The store is not ours to trust: anyone who reaches its port can write to it. So every
+value published here is an :class:`_Envelope`: the JSON body and, when the job has a
+key (:mod:`._job_key`), an HMAC-SHA256 bound to the run id and the store key it sits
+under (a value copied from another job, cycle or key does not verify). A value that is
+malformed, or not signed with the job's key when there is one, is ignored and logged;
+it never ends a launcher. The exit code of a stop is derived from the decision's kind,
+never read from the store. Everything on the wire is JSON.
 """
 
 from __future__ import annotations
@@ -17,12 +24,28 @@ import dataclasses
 import datetime
 import enum
 import json
+import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
 from torch._C._distributed_c10d import PrefixStore, Store
 
-__all__ = ["Action", "Decision", "JobCoordinator", "JobState", "base_store"]
+from ._job_key import sign, verify
+from .exit_codes import ExitCode
+
+__all__ = ["Action", "Decision", "JobCoordinator", "JobState", "StopCause", "base_store"]
+
+logger = logging.getLogger("nvrx.launcher")
+
+#: Version of the values under ``nvrx.launcher.<run_id>/``; bumped on any change.
+WIRE_VERSION = 1
+_MAX_VALUE_BYTES = 64 * 1024
+_MAX_TEXT = 4096
+_MAX_COUNT = 2**31 - 1
+# How far JobCoordinator.state() follows published decisions past the state hint.
+_MAX_WALK = 100_000
+_POLL_S = 0.05
 
 
 class Action(str, enum.Enum):
@@ -31,6 +54,13 @@ class Action(str, enum.Enum):
     RESTART = "restart"
     STOP = "stop"
     SHUTDOWN = "shutdown"
+
+
+class StopCause(str, enum.Enum):
+    """Why a job stops; fixes the exit code of every node."""
+
+    RESTARTS_EXHAUSTED = "restarts_exhausted"
+    NO_PROGRESS = "no_progress"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,39 +79,100 @@ class JobState:
 
 @dataclasses.dataclass(frozen=True)
 class Decision:
-    """The outcome of one cycle, identical for every node."""
+    """The outcome of one cycle, identical for every node.
+
+    A STOP carries its ``stop_cause``; RESTART and SHUTDOWN carry none.
+    """
 
     action: Action
     reason: str
     node: str
     state: JobState
-    exit_code: int = 0
+    stop_cause: StopCause | None = None
     charged: bool = False
     excluded_node: str | None = None
 
+    def __post_init__(self) -> None:
+        if (self.action is Action.STOP) != (self.stop_cause is not None):
+            raise ValueError(f"a {self.action.value} decision with stop cause {self.stop_cause}")
+
+    @property
+    def exit_code(self) -> int:
+        """The launcher's exit code when it follows this decision (0 for a restart)."""
+        if self.action is Action.SHUTDOWN:
+            return int(ExitCode.WORKLOAD_SHUTDOWN)
+        if self.stop_cause is StopCause.NO_PROGRESS:
+            return int(ExitCode.NO_PROGRESS)
+        if self.stop_cause is StopCause.RESTARTS_EXHAUSTED:
+            return int(ExitCode.RESTARTS_EXHAUSTED)
+        return 0
+
     def to_json(self) -> str:
-        """Wire form."""
+        """Wire form of the body."""
         body: dict[str, Any] = dataclasses.asdict(self)
         body["action"] = self.action.value
-        return json.dumps(body, separators=(",", ":"))
+        body["stop_cause"] = None if self.stop_cause is None else self.stop_cause.value
+        return json.dumps(body, separators=(",", ":"), sort_keys=True)
 
     @staticmethod
     def from_json(data: bytes) -> Decision:
-        """Parse the wire form; a ValueError says what is wrong."""
+        """Parse and validate the wire form; a ValueError says what is wrong."""
         try:
-            body = json.loads(data.decode("utf-8"))
-            state = JobState(**body.pop("state"))
-            action = Action(body.pop("action"))
-            return Decision(action=action, state=state, **body)
-        except (KeyError, TypeError, ValueError, UnicodeDecodeError) as exc:
+            return _decision(_loads(data))
+        except (KeyError, TypeError, ValueError, UnicodeDecodeError, RecursionError) as exc:
             raise ValueError(f"bad launcher decision {data[:200]!r}: {exc}") from None
 
 
-def _state_from_json(data: bytes) -> JobState:
-    try:
-        return JobState(**json.loads(data.decode("utf-8")))
-    except (TypeError, ValueError, UnicodeDecodeError) as exc:
-        raise ValueError(f"bad launcher job state {data[:200]!r}: {exc}") from None
+_DECISION_FIELDS = frozenset(f.name for f in dataclasses.fields(Decision))
+_STATE_FIELDS = frozenset(f.name for f in dataclasses.fields(JobState))
+
+
+def _loads(data: bytes) -> Any:
+    if len(data) > _MAX_VALUE_BYTES:
+        raise ValueError(f"{len(data)} bytes, more than {_MAX_VALUE_BYTES}")
+    return json.loads(data.decode("utf-8"))
+
+
+def _text(value: Any, name: str) -> str:
+    if not isinstance(value, str) or len(value) > _MAX_TEXT:
+        raise ValueError(f"{name} must be a string of at most {_MAX_TEXT} characters")
+    return value
+
+
+def _count(value: Any, name: str) -> int:
+    if type(value) is not int or not 0 <= value <= _MAX_COUNT:
+        raise ValueError(f"{name} must be an integer from 0 to {_MAX_COUNT}")
+    return value
+
+
+def _state(body: Any) -> JobState:
+    if not isinstance(body, dict) or set(body) != _STATE_FIELDS:
+        raise ValueError(f"a job state has exactly the fields {sorted(_STATE_FIELDS)}")
+    return JobState(**{name: _count(body[name], name) for name in sorted(_STATE_FIELDS)})
+
+
+def _decision(body: Any) -> Decision:
+    if not isinstance(body, dict) or set(body) != _DECISION_FIELDS:
+        raise ValueError(f"a decision has exactly the fields {sorted(_DECISION_FIELDS)}")
+    if not isinstance(body["charged"], bool):
+        raise ValueError("charged must be true or false")
+    excluded = body["excluded_node"]
+    cause = body["stop_cause"]
+    return Decision(
+        action=Action(body["action"]),
+        reason=_text(body["reason"], "reason"),
+        node=_text(body["node"], "node"),
+        state=_state(body["state"]),
+        stop_cause=None if cause is None else StopCause(cause),
+        charged=body["charged"],
+        excluded_node=None if excluded is None else _text(excluded, "excluded_node"),
+    )
+
+
+def _fits(decision: Decision, cycle: int) -> bool:
+    """A restart of ``cycle`` leads to ``cycle + 1``; a stop or shutdown stays in it."""
+    after = cycle + 1 if decision.action is Action.RESTART else cycle
+    return decision.state.cycle == after
 
 
 def base_store(store: Store) -> Store:
@@ -91,33 +182,137 @@ def base_store(store: Store) -> Store:
     return store
 
 
-class JobCoordinator:
-    """Claims, publishes and reads the per-cycle decisions of one job (one run id)."""
+#: Called with (store key, why it was ignored) for each value ignored (once per value).
+RejectHook = Callable[[str, str], None]
 
-    def __init__(self, store: Store, run_id: str, node: str) -> None:
+
+class JobCoordinator:
+    """Claims, publishes and reads the per-cycle decisions of one job (one run id).
+
+    ``key`` is the job key (None: values are neither signed nor checked).
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        run_id: str,
+        node: str,
+        *,
+        key: bytes | None = None,
+        on_reject: RejectHook | None = None,
+    ) -> None:
         # A store written in Python (torch's EtcdStore) works from C++ only while its
         # Python object lives: hold it here, not just through the PrefixStore.
         self._base = base_store(store)
-        self._store = PrefixStore(f"nvrx.launcher.{run_id}", self._base)
+        self._prefix = f"nvrx.launcher.{run_id}"
+        self._store = PrefixStore(self._prefix, self._base)
+        self._run_id = run_id
         self._node = node
+        self._key = key
+        self._on_reject = on_reject
+        self._rejected: set[tuple[str, bytes]] = set()
 
     @property
     def node(self) -> str:
         """This launcher's id in decisions."""
         return self._node
 
+    @property
+    def authenticated(self) -> bool:
+        """True when values are signed and checked with a job key."""
+        return self._key is not None
+
+    # -- the envelope ----------------------------------------------------------------
+
+    def _context(self, name: str) -> str:
+        return f"nvrx.launcher/v{WIRE_VERSION}/{self._run_id}/{name}"
+
+    def _publish(self, name: str, body: str) -> None:
+        raw = body.encode("utf-8")
+        mac = None if self._key is None else sign(self._key, self._context(name), raw)
+        envelope = {"v": WIRE_VERSION, "body": body, "mac": mac}
+        self._store.set(name, json.dumps(envelope, separators=(",", ":")))
+
+    def _body(self, name: str, data: bytes) -> bytes:
+        """The verified body of the value ``data`` stored under ``name``."""
+        try:
+            envelope = _loads(data)
+        except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+            raise ValueError(f"not a JSON envelope ({exc})") from None
+        if not isinstance(envelope, dict) or set(envelope) != {"v", "body", "mac"}:
+            raise ValueError("not an envelope with fields v, body, mac")
+        if envelope["v"] != WIRE_VERSION:
+            raise ValueError(f"wire version {envelope['v']!r}, expected {WIRE_VERSION}")
+        body, mac = envelope["body"], envelope["mac"]
+        if not isinstance(body, str) or not (mac is None or isinstance(mac, str)):
+            raise ValueError("body must be a string and mac a string or null")
+        raw = body.encode("utf-8")
+        if self._key is not None and (
+            mac is None or not verify(self._key, self._context(name), raw, mac)
+        ):
+            raise ValueError("not signed with this job's key (NVRX_JOB_KEY)")
+        return raw
+
+    def _read(self, name: str, parse: Callable[[bytes], Any]) -> Any:
+        """The parsed value under ``name``, or None when absent or rejected."""
+        if not self._store.check([name]):
+            return None
+        data = self._store.get(name)
+        try:
+            return parse(self._body(name, data))
+        except ValueError as exc:
+            self._reject(name, data, str(exc))
+            return None
+
+    def _reject(self, name: str, data: bytes, why: str) -> None:
+        seen = (name, data[:_MAX_VALUE_BYTES])
+        if seen in self._rejected:
+            return
+        if len(self._rejected) < 1024:
+            self._rejected.add(seen)
+        logger.warning(
+            "ignoring the value under %s/%s in the rendezvous store: %s (value %r)",
+            self._prefix,
+            name,
+            why,
+            data[:120],
+        )
+        if self._on_reject is not None:
+            self._on_reject(f"{self._prefix}/{name}", why)
+
+    # -- decisions -------------------------------------------------------------------
+
     def state(self) -> JobState:
-        """The job state as of the last decision (fresh state for a new job)."""
-        if not self._store.check(["state"]):
-            return JobState()
-        return _state_from_json(self._store.get("state"))
+        """The job state as of the last decision (fresh state for a new job).
+
+        The ``state`` value is a hint where to start; the decisions published after it
+        are followed, so an old or forged hint cannot move the job back or forward.
+        """
+        state: JobState = self._read("state", lambda raw: _state(_loads(raw))) or JobState()
+        for _ in range(_MAX_WALK):
+            decision = self.poll(state.cycle)
+            if decision is None:
+                return state
+            state = decision.state
+            if decision.action is not Action.RESTART:
+                return state
+        return state
 
     def poll(self, cycle: int) -> Decision | None:
-        """The decision of ``cycle`` if one was published; one store round trip."""
+        """The valid decision of ``cycle`` if one was published; one store round trip."""
         key = f"cycle/{cycle}/decision"
-        if not self._store.check([key]):
-            return None
-        return Decision.from_json(self._store.get(key))
+
+        def parse(raw: bytes) -> Decision:
+            decision = Decision.from_json(raw)
+            if not _fits(decision, cycle):
+                raise ValueError(
+                    f"a {decision.action.value} of cycle {cycle} leading to cycle "
+                    f"{decision.state.cycle}"
+                )
+            return decision
+
+        result: Decision | None = self._read(key, parse)
+        return result
 
     def decide(
         self,
@@ -127,16 +322,34 @@ class JobCoordinator:
     ) -> Decision:
         """Publish ``make(state)`` as the decision of ``cycle`` unless another node won.
 
-        Returns the decision in force, ours or the winner's.
+        Returns the decision in force, ours or the winner's. Raises TimeoutError when
+        another node claimed the cycle but no valid decision appeared within ``wait``.
         """
         key = f"cycle/{cycle}/decision"
         if self._store.add(f"cycle/{cycle}/claim", 1) == 1:
             decision = make(self.state())
-            self._store.set("state", json.dumps(dataclasses.asdict(decision.state)))
-            self._store.set(key, decision.to_json())
+            if len(decision.reason) > _MAX_TEXT:
+                decision = dataclasses.replace(
+                    decision, reason=decision.reason[: _MAX_TEXT - 3] + "..."
+                )
+            if not _fits(decision, cycle):
+                raise AssertionError(f"decision {decision} does not fit cycle {cycle}")
+            self._publish("state", json.dumps(dataclasses.asdict(decision.state)))
+            self._publish(key, decision.to_json())
             return decision
-        self._store.wait([key], wait)
-        return Decision.from_json(self._store.get(key))
+        deadline = time.monotonic() + wait.total_seconds()
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(
+                    f"another launcher claimed cycle {cycle}, but no valid decision came "
+                    f"within {wait.total_seconds():g} s"
+                )
+            self._store.wait([key], datetime.timedelta(seconds=remaining))
+            found = self.poll(cycle)
+            if found is not None:
+                return found
+            time.sleep(_POLL_S)
 
     def arrive(self, cycle: int) -> int:
         """Count this node as finished with ``cycle``; returns how many have."""
