@@ -1,49 +1,116 @@
 """The ``ft_launcher`` command: torchrun's command line plus the fault-tolerance options.
 
-The parser is torch's own (``torch.distributed.run.get_args_parser``), so every
-torchrun option keeps its spelling, default and ``PET_*`` variable; we add the
-launcher's restart options, one ``--ft-<field>`` option per
-:class:`nvrx.ft.FaultToleranceConfig` field, and NVRx's deprecated spellings.
+The parser starts from torch's own (``torch.distributed.run.get_args_parser``), so every
+torchrun option keeps its spelling, default and ``PET_*`` variable.
+:func:`add_launcher_options` adds everything nvrx adds (restart options, one
+``--ft-<field>`` option per :class:`nvrx.ft.FaultToleranceConfig` field, NVRx's older
+spellings and its options that have no effect here), each also settable through its
+``PET_<DEST>`` variable. The early parse that starts the rank monitors before torch is
+imported uses the same function, so the two parses cannot disagree.
+
+Options are matched by their full names only, and nothing after the training script is
+read by the launcher: ``train.py --nproc 4`` passes ``--nproc 4`` to the script.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
+import math
 import os
 import sys
 import uuid
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import IO, TYPE_CHECKING, Any, NoReturn
 
-from nvrx.ft import FaultToleranceConfig, add_config_arguments
+from nvrx.ft import MAX_DURATION_S, FaultToleranceConfig, add_ft_arguments
 
-from .exit_codes import exit_codes_table
+from ._nvrx_only import add_nvrx_only_options, warn_without_effect
+from ._validation import (
+    MAX_DAYS,
+    max_local_ranks,
+    validate_launcher_files,
+    validate_torchrun_options,
+)
+from .exit_codes import ExitCode, exit_codes_table
 from .monitors import MonitorSupervisor
 
 if TYPE_CHECKING:
     from .launch import LaunchOptions
 
-__all__ = ["get_parser", "main"]
+__all__ = ["add_launcher_options", "get_parser", "main"]
 
 logger = logging.getLogger("nvrx.launcher")
+
+_USAGE = "%(prog)s [options] training_script [training_script_args ...]"
 
 _DESCRIPTION = """\
 Launch a PyTorch training job like torchrun, with a hang/crash monitor per rank and
 in-job restarts: when a rank crashes or hangs, every node stops its ranks,
 re-rendezvouses and starts them again, up to --max-restarts times for the whole job.
-Every torchrun option is accepted with its meaning and its PET_* variable."""
+Every torchrun option is accepted with its meaning and its PET_* variable; so is every
+option below (PET_<OPTION>, e.g. PET_FT_RANK_HEARTBEAT_TIMEOUT). Options are matched by
+their full names; everything after training_script goes to the script untouched."""
 
 _EPILOG = "exit codes:\n" + exit_codes_table()
 
+#: torchrun options that take no value; every other torchrun option takes one. Only the
+#: early parse needs this (it runs before torch is imported); a test holds it to torch's.
+TORCHRUN_FLAGS = frozenset(
+    {
+        "-h",
+        "--help",
+        "--standalone",
+        "-m",
+        "--module",
+        "--no-python",
+        "--no_python",
+        "--run-path",
+        "--run_path",
+        "--virtual-local-rank",
+        "--virtual_local_rank",
+    }
+)
 
-def _number(kind: Callable[[str], Any], *, minimum: float, what: str) -> Callable[[str], Any]:
+_TERM_TIMEOUT_DEFAULT = 1800.0
+
+
+class _FtParser(argparse.ArgumentParser):
+    """torchrun's parser with a short usage error: the usage line, the error, a hint."""
+
+    def error(self, message: str) -> NoReturn:
+        self._short_usage(sys.stderr)
+        self.exit(2, f"{self.prog}: error: {message}\nRun '{self.prog} --help' for every option.\n")
+
+    def _short_usage(self, stream: IO[str]) -> None:
+        stream.write(f"usage: {_USAGE % {'prog': self.prog}}\n")
+
+
+class _QuietParser(_FtParser):
+    """For the early parse: a problem means "no early monitors", never an exit."""
+
+    def error(self, message: str) -> NoReturn:
+        raise ValueError(message)
+
+
+def _number(
+    kind: Callable[[str], Any],
+    *,
+    minimum: float,
+    maximum: float,
+    what: str,
+    above_minimum: bool = False,
+) -> Callable[[str], Any]:
+    """An argparse type: a finite number within bounds, else a usage error naming the value."""
+
     def convert(text: str) -> Any:
         try:
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"invalid value {text!r}: expected {what}") from None
-        if value < minimum:
+        low_ok = value > minimum if above_minimum else value >= minimum
+        if not (math.isfinite(value) and low_ok and value <= maximum):
             raise argparse.ArgumentTypeError(f"invalid value {text!r}: expected {what}")
         return value
 
@@ -51,10 +118,22 @@ def _number(kind: Callable[[str], Any], *, minimum: float, what: str) -> Callabl
     return convert
 
 
-_TERM_TIMEOUT_DEFAULT = 1800.0
-_SECONDS = _number(float, minimum=0.0, what="a number of seconds >= 0")
-_COUNT = _number(int, minimum=0, what="an integer >= 0")
-_POSITIVE = _number(int, minimum=1, what="an integer >= 1")
+_SECONDS = _number(
+    float, minimum=0.0, maximum=MAX_DURATION_S, what=f"a number of seconds from 0 to {MAX_DAYS}"
+)
+_POSITIVE_SECONDS = _number(
+    float,
+    minimum=0.0,
+    maximum=MAX_DURATION_S,
+    above_minimum=True,
+    what=f"a number of seconds above 0, at most {MAX_DAYS}",
+)
+_COUNT = _number(int, minimum=0, maximum=10**9, what="an integer >= 0")
+_POSITIVE = _number(int, minimum=1, maximum=10**9, what="an integer >= 1")
+_EXIT_CODE = _number(int, minimum=0, maximum=255, what="an exit code from 0 to 255")
+_NO_PROGRESS_COUNT = _number(
+    int, minimum=-1, maximum=10**9, what="an integer >= 0 (0 or -1 disables the rule)"
+)
 
 
 def _module_list(text: str) -> tuple[str, ...]:
@@ -85,24 +164,32 @@ class _DeprecatedOption(argparse.Action):
         values: Any,
         option_string: str | None = None,
     ) -> None:
-        logger.warning(
-            "%s is deprecated and will be removed; use %s", option_string, self.replacement
-        )
+        if not isinstance(parser, _QuietParser):  # the early parse: the full one says it
+            logger.warning(
+                "%s is deprecated and will be removed; use %s", option_string, self.replacement
+            )
         setattr(namespace, self.dest, values)
 
 
 def _add_deprecated_ft_aliases(parser: argparse.ArgumentParser) -> None:
-    """Accept NVRx's ``--ft-param-<field>`` spellings (hidden from --help)."""
+    """NVRx's ``--ft-param-<field>`` and ``--ft_param_<field>`` spellings (hidden from --help)."""
+    fields = set(FaultToleranceConfig.field_names())
     for action in list(parser._actions):
         if not action.dest.startswith("ft_") or not action.option_strings:
             continue
         field = action.dest[len("ft_") :]
-        if field not in FaultToleranceConfig.field_names():
+        if field not in fields or isinstance(action, _DeprecatedOption):
             continue
-        flags = sorted({f"--ft-param-{field}", f"--ft-param-{field.replace('_', '-')}"})
+        flags = {
+            f"--ft-param-{field}",
+            f"--ft-param-{field.replace('_', '-')}",
+            f"--ft_param_{field}",
+        } - set(parser._option_string_actions)
+        if not flags:
+            continue
         typed: dict[str, Any] = {} if action.type is None else {"type": action.type}
         parser.add_argument(
-            *flags,
+            *sorted(flags),
             dest=action.dest,
             action=_DeprecatedOption,
             replacement=action.option_strings[0],
@@ -114,25 +201,25 @@ def _add_deprecated_ft_aliases(parser: argparse.ArgumentParser) -> None:
         )
     parser.add_argument(
         "--fault-tol-cfg-path",
+        "--fault_tol_cfg_path",
         dest="ft_cfg_path",
         action=_DeprecatedOption,
         replacement="--ft-cfg-path",
         default=argparse.SUPPRESS,
         help=argparse.SUPPRESS,
     )
+    # NVRx: "do not fail when no FT config is given, use the defaults". ft_launcher never
+    # fails for a missing config (a missing --ft-cfg-path file is still an error, as there).
+    parser.add_argument(
+        "--ignore-missing-fault-tol-cfg",
+        "--ignore_missing_fault_tol_cfg",
+        dest="ft_ignore_missing_cfg",
+        action="store_true",
+        help=argparse.SUPPRESS,
+    )
 
 
-def get_parser() -> argparse.ArgumentParser:
-    """The ft_launcher argument parser (also used to generate the CLI reference)."""
-    from torch.distributed.argparse_util import check_env, env
-    from torch.distributed.run import get_args_parser
-
-    parser = get_args_parser()
-    parser.prog = "ft_launcher"
-    parser.description = _DESCRIPTION
-    parser.epilog = _EPILOG
-    parser.formatter_class = argparse.RawDescriptionHelpFormatter
-
+def _add_restart_options(parser: argparse.ArgumentParser) -> None:
     restart = parser.add_argument_group(
         "restarts and supervision",
         "How ft_launcher stops, restarts and gives up. --max-restarts counts restarts "
@@ -141,7 +228,6 @@ def get_parser() -> argparse.ArgumentParser:
     restart.add_argument(
         "--term-timeout",
         "--term_timeout",
-        action=env,
         type=_SECONDS,
         default=None,
         help="seconds between forwarding SIGTERM/SIGINT to the ranks and SIGKILL "
@@ -150,7 +236,6 @@ def get_parser() -> argparse.ArgumentParser:
     restart.add_argument(
         "--workers-stop-timeout",
         "--workers_stop_timeout",
-        action=env,
         type=_SECONDS,
         default=15.0,
         help="seconds between SIGTERM and SIGKILL when stopping ranks for a restart",
@@ -158,8 +243,7 @@ def get_parser() -> argparse.ArgumentParser:
     restart.add_argument(
         "--rdzv-poll-interval",
         "--rdzv_poll_interval",
-        action=env,
-        type=_SECONDS,
+        type=_POSITIVE_SECONDS,
         default=0.1,
         help="seconds between reads of the rendezvous state while waiting for other nodes "
         "(torch polls every second)",
@@ -167,15 +251,14 @@ def get_parser() -> argparse.ArgumentParser:
     restart.add_argument(
         "--monitor-ready-timeout",
         "--monitor_ready_timeout",
-        action=env,
-        type=_SECONDS,
+        type=_POSITIVE_SECONDS,
         default=30.0,
         help="seconds to wait for a rank monitor to come up",
     )
     restart.add_argument(
         "--warm-spares",
         "--warm_spares",
-        action=check_env,
+        action="store_true",
         help="keep one spare Python per local rank, with --warm-spare-preload imported, so a "
         "restart skips interpreter start-up and the imports (seconds per rank); costs one "
         "idle process per local rank. Needs a Python script or -m module (not --no-python)",
@@ -183,7 +266,6 @@ def get_parser() -> argparse.ArgumentParser:
     restart.add_argument(
         "--warm-spare-preload",
         "--warm_spare_preload",
-        action=env,
         type=_module_list,
         default=("torch",),
         help="comma-separated modules a warm spare imports before it is needed "
@@ -193,11 +275,13 @@ def get_parser() -> argparse.ArgumentParser:
         "--ft-max-no-progress-restarts",
         "--ft-max-no-progress-cycles",
         "--ft-max_no_progress_restarts",
+        "--ft-max_no_progress_cycles",
         dest="ft_max_no_progress_restarts",
-        type=_COUNT,
+        type=_NO_PROGRESS_COUNT,
         default=3,
-        help="stop with exit code 93 when ranks fail again after this many consecutive "
-        "restarts that made no progress (needs --ft-progress-file; 0 disables)",
+        help="stop with --ft-no-restart-exit-code when ranks fail again after this many "
+        "consecutive restarts that made no progress (needs --ft-progress-file; 0 or -1 "
+        "disables)",
     )
     restart.add_argument(
         "--ft-min-progress-iterations",
@@ -211,10 +295,20 @@ def get_parser() -> argparse.ArgumentParser:
         "--ft-progress-file",
         "--ft-checkpoint-iteration-file",
         "--ft-progress_file",
+        "--ft-checkpoint_iteration_file",
         dest="ft_progress_file",
         default=None,
         help="file holding an integer the training advances, e.g. the iteration of its "
         "last checkpoint; read at each restart decision",
+    )
+    restart.add_argument(
+        "--ft-no-restart-exit-code",
+        "--ft-no_restart_exit_code",
+        "--ft_no_restart_exit_code",
+        dest="ft_no_restart_exit_code",
+        type=_EXIT_CODE,
+        default=int(ExitCode.NO_PROGRESS),
+        help="exit code when the progress rule stops the job (a scheduler should not requeue it)",
     )
     restart.add_argument(
         "--ft-cycle-log",
@@ -233,13 +327,97 @@ def get_parser() -> argparse.ArgumentParser:
         "<--log-dir>/ft_launcher_events.jsonl when --log-dir is given)",
     )
 
+
+def add_launcher_options(parser: argparse.ArgumentParser) -> None:
+    """Add every option ft_launcher adds to torchrun's (needs no torch import).
+
+    Each also reads ``PET_<DEST>`` from the environment, as torchrun's options do; a
+    bad value there is a usage error naming the variable.
+    """
+    before = set(map(id, parser._actions))
+    _add_restart_options(parser)
     ft = parser.add_argument_group(
         "fault tolerance",
         "Rank monitor settings (nvrx.ft.FaultToleranceConfig). A YAML file given with "
         "--ft-cfg-path is read first; an option overrides it only when given.",
     )
-    add_config_arguments(ft, cfg_path_default=os.environ.get("PET_FT_CFG_PATH"))
+    add_ft_arguments(ft)
     _add_deprecated_ft_aliases(parser)
+    add_nvrx_only_options(parser)
+    _read_pet_environment([a for a in parser._actions if id(a) not in before])
+
+
+def _from_environment(action: argparse.Action, variable: str) -> Callable[[str], Any]:
+    """The option's type, with the variable named when the value is refused."""
+    convert: Callable[[str], Any] = action.type if callable(action.type) else str
+
+    def checked(text: str) -> Any:
+        try:
+            value = convert(text)
+        except (argparse.ArgumentTypeError, ValueError) as exc:
+            raise argparse.ArgumentTypeError(
+                f"{exc} (from the environment variable {variable})"
+            ) from None
+        if action.choices is not None and value not in action.choices:
+            raise argparse.ArgumentTypeError(
+                f"invalid value {text!r} from the environment variable {variable}: "
+                f"expected one of {', '.join(map(str, action.choices))}"
+            )
+        return value
+
+    checked.__name__ = getattr(convert, "__name__", "value")
+    return checked
+
+
+def _read_pet_environment(actions: Sequence[argparse.Action]) -> None:
+    """torchrun's rule for our options: ``PET_<DEST>`` gives the default.
+
+    The value goes through the option's own type when the parse ends (argparse converts
+    a string default), so it is validated exactly like the option on the command line.
+    """
+    for action in actions:
+        if not action.option_strings or action.default is argparse.SUPPRESS:
+            continue
+        variable = f"PET_{action.dest.upper()}"
+        text = os.environ.get(variable)
+        if text is None:
+            continue
+        if action.nargs == 0:  # a flag: torchrun reads 0/1
+            action.default = text.strip().lower() not in ("", "0", "false", "no", "off")
+            continue
+        action.type = _from_environment(action, variable)
+        action.default = text
+
+
+def _version() -> str:
+    from importlib.metadata import version
+
+    import torch
+
+    return (
+        f"ft_launcher {version('nvrx-ft-launcher')} (nvrx-ft-core {version('nvrx-ft-core')}, "
+        f"torch {torch.__version__}, Python {sys.version.split()[0]})"
+    )
+
+
+def get_parser() -> argparse.ArgumentParser:
+    """The ft_launcher argument parser (also used to generate the CLI reference)."""
+    from torch.distributed.run import get_args_parser
+
+    parser = _FtParser(
+        prog="ft_launcher",
+        usage=_USAGE,
+        description=_DESCRIPTION,
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,
+        add_help=False,
+        parents=[get_args_parser()],
+    )
+    parser.add_argument(
+        "--version", action="version", version=_version(), help="print the versions and exit"
+    )
+    add_launcher_options(parser)
     return parser
 
 
@@ -262,28 +440,29 @@ def _resolve_rendezvous(args: argparse.Namespace) -> None:
         args.master_port = 29500
 
 
+def _ft_config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> FaultToleranceConfig:
+    try:
+        return FaultToleranceConfig.from_args(args)
+    except FileNotFoundError as exc:
+        parser.error(f"argument --ft-cfg-path: {args.ft_cfg_path!r}: no such file ({exc.strerror})")
+    except (OSError, ValueError, RecursionError) as exc:
+        parser.error(f"fault tolerance configuration: {exc}")
+
+
 def _options(args: argparse.Namespace, parser: argparse.ArgumentParser) -> LaunchOptions:
-    from torch.distributed.run import config_from_args, parse_min_max_nnodes
+    from torch.distributed.run import config_from_args
 
     from .launch import LaunchOptions
 
-    try:
-        parse_min_max_nnodes(args.nnodes)
-    except (ValueError, RuntimeError):
-        parser.error(f"argument --nnodes: invalid value {args.nnodes!r}: expected N or MIN:MAX")
-    try:
-        ft_cfg = FaultToleranceConfig.from_args(args)
-    except (OSError, ValueError) as exc:
-        parser.error(f"fault tolerance configuration: {exc}")
-    if args.run_path:
-        # Same program, run in its own interpreter like every other rank, so the
-        # launcher can supervise it as a process.
-        args.run_path = False
+    validate_torchrun_options(args, parser)
+    validate_launcher_files(args, parser)
+    ft_cfg = _ft_config(args, parser)
+    warn_without_effect(args, parser)
     _resolve_rendezvous(args)
     try:
         config, cmd, cmd_args = config_from_args(args)
-    except (ValueError, RuntimeError, AssertionError) as exc:
-        parser.error(str(exc))
+    except Exception as exc:  # torch raises ValueError, RuntimeError, AssertionError, ...
+        parser.error(f"{exc or type(exc).__name__}")
     assert isinstance(cmd, str)
     return LaunchOptions(
         config=config,
@@ -295,9 +474,10 @@ def _options(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Launc
         rdzv_poll_interval=args.rdzv_poll_interval,
         warm_spares=args.warm_spares,
         warm_spare_preload=tuple(args.warm_spare_preload),
-        max_no_progress_restarts=args.ft_max_no_progress_restarts,
+        max_no_progress_restarts=max(0, args.ft_max_no_progress_restarts),
         min_progress_iterations=args.ft_min_progress_iterations,
         progress_file=args.ft_progress_file,
+        no_restart_exit_code=args.ft_no_restart_exit_code,
         cycle_log=args.ft_cycle_log,
         journal=args.ft_journal
         or (os.path.join(args.log_dir, "ft_launcher_events.jsonl") if args.log_dir else None),
@@ -330,39 +510,83 @@ def _setup_logging() -> None:
     logger.propagate = False
 
 
-class _QuietParser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        raise ValueError(message)
+# --- the early start of the monitors, before torch is imported ---------------------------
+
+
+def launcher_argv(argv: Sequence[str], parser: argparse.ArgumentParser) -> list[str]:
+    """The part of ``argv`` before the training script: what the launcher may read.
+
+    The real parse finds the script as its first positional argument; this finds the same
+    place without torch's parser, from the options ``parser`` knows (ours) and
+    :data:`TORCHRUN_FLAGS` (every other torchrun option takes one value).
+    """
+    args = list(argv)
+    index = 0
+    while index < len(args):
+        word = args[index]
+        if word == "--" or not word.startswith("-") or word == "-":
+            return args[:index]
+        name, has_value, _ = word.partition("=")
+        if has_value or (not word.startswith("--") and len(word) > 2):
+            index += 1  # --opt=value, or a short option with its value attached (-r3)
+            continue
+        action = parser._option_string_actions.get(name)
+        nargs = action.nargs if action is not None else 0 if name in TORCHRUN_FLAGS else None
+        index += 1
+        optional_value = nargs == "?" and index < len(args) and not args[index].startswith("-")
+        if nargs is None or optional_value:
+            index += 1
+    return args
+
+
+@dataclasses.dataclass(frozen=True)
+class EarlySettings:
+    """What the monitors need, read from the launcher's own part of the command line."""
+
+    ft_config: FaultToleranceConfig
+    local_world_size: int
+    ready_timeout: float
+
+
+def early_settings(argv: Sequence[str]) -> EarlySettings | None:
+    """The monitors' settings if the command line gives them plainly, else None.
+
+    None (the monitors then start after the full parse) for --help/--version, a count
+    that needs torch (cpu, gpu, auto), a count beyond :func:`max_local_ranks`, or
+    anything the full parse will refuse.
+    """
+    pre = _QuietParser(prog="ft_launcher", add_help=False, allow_abbrev=False, exit_on_error=False)
+    pre.add_argument(
+        "--nproc-per-node", "--nproc_per_node", default=os.environ.get("PET_NPROC_PER_NODE", "1")
+    )
+    try:
+        add_launcher_options(pre)
+        mine = launcher_argv(argv, pre)
+        if any(token in ("-h", "--help", "--version") for token in mine):
+            return None
+        known, _ = pre.parse_known_args(mine)
+        nproc = int(known.nproc_per_node)
+        cfg = FaultToleranceConfig.from_args(known)
+    except (argparse.ArgumentError, ValueError, OSError, RecursionError):
+        return None
+    if not 1 <= nproc <= max_local_ranks():
+        return None
+    return EarlySettings(cfg, nproc, known.monitor_ready_timeout)
 
 
 def _early_monitors(argv: Sequence[str]) -> MonitorSupervisor | None:
     """Start the rank monitors before torch is imported, if the command line allows.
 
     Importing torch takes the launcher seconds; the monitors (which never import it)
-    come up meanwhile instead of delaying the first workers. This reads only the
-    options the monitors need; the full parse later confirms them, and a mismatch
-    (e.g. a script argument that looked like ours) just starts them again.
+    come up meanwhile instead of delaying the first workers. The full parse later
+    confirms their settings; a mismatch just starts them again.
     """
-    pre = _QuietParser(add_help=False, allow_abbrev=False, exit_on_error=False)
-    pre.add_argument(
-        "--nproc-per-node", "--nproc_per_node", default=os.environ.get("PET_NPROC_PER_NODE", "1")
-    )
-    pre.add_argument(
-        "--monitor-ready-timeout",
-        "--monitor_ready_timeout",
-        type=float,
-        default=float(os.environ.get("PET_MONITOR_READY_TIMEOUT", "30")),
-    )
-    add_config_arguments(pre, cfg_path_default=os.environ.get("PET_FT_CFG_PATH"))
-    try:
-        known, _ = pre.parse_known_args(argv)
-        nproc = int(known.nproc_per_node)
-        cfg = FaultToleranceConfig.from_args(known)
-    except (argparse.ArgumentError, ValueError, OSError):
+    settings = early_settings(argv)
+    if settings is None:
         return None
-    if nproc < 1:
-        return None
-    monitors = MonitorSupervisor(cfg, nproc, ready_timeout=known.monitor_ready_timeout)
+    monitors = MonitorSupervisor(
+        settings.ft_config, settings.local_world_size, ready_timeout=settings.ready_timeout
+    )
     try:
         monitors.start()
     except BaseException:
@@ -389,8 +613,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _run(argv: list[str]) -> int:
     _setup_logging()
-    wants_help = any(a in ("-h", "--help") for a in argv)
-    monitors = None if wants_help else _early_monitors(argv)
+    monitors = _early_monitors(argv)
     logger.debug("early monitors: %s", "started" if monitors is not None else "no")
     try:
         parser = get_parser()
@@ -398,6 +621,7 @@ def _run(argv: list[str]) -> int:
         if monitors is not None and not monitors.matches(
             options.ft_config, options.config.nproc_per_node, options.monitor_ready_timeout
         ):
+            logger.debug("early monitors do not match the full command line; restarting them")
             monitors.close()
             monitors = None
         from .launch import launch

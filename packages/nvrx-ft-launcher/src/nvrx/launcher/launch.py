@@ -57,6 +57,8 @@ class LaunchOptions:
     max_no_progress_restarts: int
     min_progress_iterations: int
     progress_file: str | None = None
+    #: What the launcher exits with when the progress rule stops the job (NVRx's option).
+    no_restart_exit_code: int = int(ExitCode.NO_PROGRESS)
     cycle_log: str | None = None
     journal: str | None = None
     warm_spares: bool = False
@@ -149,7 +151,7 @@ def launch(options: LaunchOptions, monitors: MonitorSupervisor | None = None) ->
     """
     config = options.config
     os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = config.signals_to_handle
-    handled = _install_signal_handlers(config.signals_to_handle)
+    handled: list[signal.Signals] = []
     params = RendezvousParameters(
         backend=config.rdzv_backend,
         endpoint=config.rdzv_endpoint,
@@ -175,6 +177,7 @@ def launch(options: LaunchOptions, monitors: MonitorSupervisor | None = None) ->
     handler: RendezvousHandler | None = None
     spares = _spare_pool(options)
     try:
+        handled = _install_signal_handlers(config.signals_to_handle)
         if monitors is None:
             monitors = MonitorSupervisor(
                 options.ft_config,
@@ -217,6 +220,8 @@ def launch(options: LaunchOptions, monitors: MonitorSupervisor | None = None) ->
         code = exc.code
         reason = str(exc)
         final_record = False  # the agent wrote the cycle record with this outcome
+        if code == ExitCode.NO_PROGRESS and options.no_restart_exit_code != code:
+            code = options.no_restart_exit_code  # --ft-no-restart-exit-code
         log = logger.info if code == ExitCode.SUCCESS else logger.error
         log("stopping with exit code %d: %s", code, exc)
     except SignalException as exc:
