@@ -10,8 +10,10 @@ import pathlib
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
 
 import pytest
+from launcher_testkit import Launcher  # type: ignore[import-not-found]
 
 from nvrx.ft import FaultToleranceConfig
 from nvrx.launcher._nvrx_only import NVRX_ONLY_OPTIONS, _Given, warn_without_effect
@@ -361,3 +363,51 @@ def test_real_launch_passes_script_arguments_untouched(tmp_path: pathlib.Path) -
     assert "do not match" not in log  # the early parse read what the full parse read
     assert "--ft-rdzv-impl barrier is accepted for NVRx compatibility" in log
     assert log.count("--ft-param-rank_heartbeat_timeout is deprecated") == 1
+
+
+def test_progress_rule_read_from_the_config_file_unless_given(tmp_path: pathlib.Path) -> None:
+    from nvrx.launcher.cli import _options
+
+    cfg = tmp_path / "ft.yaml"
+    cfg.write_text(
+        "fault_tolerance:\n  max_no_progress_cycles: 7\n  min_progress_iterations: 50\n"
+        f"  checkpoint_iteration_file: {tmp_path}/iter.txt\n"
+    )
+    parser = get_parser()
+    options = _options(parser.parse_args(["--ft-cfg-path", str(cfg), "x.py"]), parser)
+    assert options.max_no_progress_restarts == 7
+    assert options.min_progress_iterations == 50
+    assert options.progress_file == f"{tmp_path}/iter.txt"
+    given = ["--ft-cfg-path", str(cfg), "--ft-max-no-progress-cycles", "-1", "x.py"]
+    assert _options(parser.parse_args(given), parser).max_no_progress_restarts == 0
+    defaults = _options(parser.parse_args(["x.py"]), parser)
+    assert (defaults.max_no_progress_restarts, defaults.min_progress_iterations) == (3, 1)
+    assert defaults.progress_file is None
+
+
+@pytest.mark.timeout(240)
+def test_no_restart_exit_code_is_what_the_progress_rule_exits_with(
+    start_launcher: Callable[..., Launcher],
+) -> None:
+    launcher = start_launcher(
+        [
+            "--nproc-per-node",
+            "1",
+            "--max-restarts",
+            "10",
+            "--ft-max-no-progress-cycles",
+            "1",
+            "--ft-checkpoint-iteration-file",
+            "{out}/progress",
+            "--ft-no-restart-exit-code",
+            "17",
+            "--ft-journal",
+            "{out}/journal.jsonl",
+        ],
+        ["--steps", "6", "--fault", "exit:0:3:*"],
+    )
+    assert launcher.wait(200) == 17, launcher.log()
+    assert "no progress in" in launcher.log()
+    finished = json.loads((launcher.out / "journal.jsonl").read_text().splitlines()[-1])
+    assert finished["event"] == "finished"
+    assert finished["exit_code"] == 17

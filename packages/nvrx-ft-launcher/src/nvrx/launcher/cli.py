@@ -278,18 +278,19 @@ def _add_restart_options(parser: argparse.ArgumentParser) -> None:
         "--ft-max_no_progress_cycles",
         dest="ft_max_no_progress_restarts",
         type=_NO_PROGRESS_COUNT,
-        default=3,
+        default=None,
         help="stop with --ft-no-restart-exit-code when ranks fail again after this many "
         "consecutive restarts that made no progress (needs --ft-progress-file; 0 or -1 "
-        "disables)",
+        "disables; default: max_no_progress_cycles of --ft-cfg-path, else 3)",
     )
     restart.add_argument(
         "--ft-min-progress-iterations",
         "--ft-min_progress_iterations",
         dest="ft_min_progress_iterations",
         type=_POSITIVE,
-        default=1,
-        help="how far the value in --ft-progress-file must move for a cycle to count as progress",
+        default=None,
+        help="how far the value in --ft-progress-file must move for a cycle to count as "
+        "progress (default: min_progress_iterations of --ft-cfg-path, else 1)",
     )
     restart.add_argument(
         "--ft-progress-file",
@@ -299,7 +300,8 @@ def _add_restart_options(parser: argparse.ArgumentParser) -> None:
         dest="ft_progress_file",
         default=None,
         help="file holding an integer the training advances, e.g. the iteration of its "
-        "last checkpoint; read at each restart decision",
+        "last checkpoint; read at each restart decision (default: "
+        "checkpoint_iteration_file of --ft-cfg-path)",
     )
     restart.add_argument(
         "--ft-no-restart-exit-code",
@@ -455,8 +457,9 @@ def _options(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Launc
     from .launch import LaunchOptions
 
     validate_torchrun_options(args, parser)
-    validate_launcher_files(args, parser)
     ft_cfg = _ft_config(args, parser)
+    _progress_rule_from_config(args, ft_cfg)
+    validate_launcher_files(args, parser)
     warn_without_effect(args, parser)
     _resolve_rendezvous(args)
     try:
@@ -474,7 +477,7 @@ def _options(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Launc
         rdzv_poll_interval=args.rdzv_poll_interval,
         warm_spares=args.warm_spares,
         warm_spare_preload=tuple(args.warm_spare_preload),
-        max_no_progress_restarts=max(0, args.ft_max_no_progress_restarts),
+        max_no_progress_restarts=max(0, args.ft_max_no_progress_restarts),  # -1: off
         min_progress_iterations=args.ft_min_progress_iterations,
         progress_file=args.ft_progress_file,
         no_restart_exit_code=args.ft_no_restart_exit_code,
@@ -482,6 +485,16 @@ def _options(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Launc
         journal=args.ft_journal
         or (os.path.join(args.log_dir, "ft_launcher_events.jsonl") if args.log_dir else None),
     )
+
+
+def _progress_rule_from_config(args: argparse.Namespace, cfg: FaultToleranceConfig) -> None:
+    """NVRx reads the progress rule from the YAML too: an option given wins over it."""
+    if args.ft_max_no_progress_restarts is None:
+        args.ft_max_no_progress_restarts = cfg.max_no_progress_cycles
+    if args.ft_min_progress_iterations is None:
+        args.ft_min_progress_iterations = max(1, cfg.min_progress_iterations)
+    if args.ft_progress_file is None:
+        args.ft_progress_file = cfg.checkpoint_iteration_file
 
 
 def _term_timeout(args: argparse.Namespace) -> float:
