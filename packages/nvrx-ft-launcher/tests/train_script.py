@@ -8,7 +8,11 @@ a JSON line to ``<out>/events.jsonl``. Rank 0 checkpoints the step after every s
 A fault is injected with ``--fault KIND:RANK:STEP[:CYCLE]``: on global rank RANK at
 step STEP, in restart cycle CYCLE (default 0; ``*`` means every cycle), do KIND:
 ``sigkill``, ``raise``, ``exit`` (code 3), ``hang`` (SIGSTOP itself), ``exclude`` or
-``shutdown`` (workload control requests, then keep training).
+``shutdown`` (workload control requests, then keep training), ``bad_error_file`` (write
+garbage to the error file torch names, then exit 1).
+
+``--record`` runs the entry point under torch's ``@record``, which writes an uncaught
+exception and its traceback to that error file.
 
 ``--spawn-child`` makes each rank start a child process of its own (as a DataLoader
 worker would) that sleeps; its pid is logged as a ``child`` event.
@@ -71,6 +75,7 @@ def main() -> int:
     parser.add_argument("--ignore-sigterm", action="store_true")
     parser.add_argument("--exit0-on-sigterm", action="store_true")
     parser.add_argument("--spawn-child", action="store_true")
+    parser.add_argument("--record", action="store_true")
     args = parser.parse_args()
     if args.ignore_sigterm:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -117,6 +122,10 @@ def main() -> int:
         elif kind == "exit":
             _log(out, event="fault", kind=kind, rank=rank, cycle=cycle, step=step)
             sys.exit(3)
+        elif kind == "bad_error_file":
+            _log(out, event="fault", kind=kind, rank=rank, cycle=cycle, step=step)
+            pathlib.Path(os.environ["TORCHELASTIC_ERROR_FILE"]).write_text("{not json")
+            sys.exit(1)
         elif kind == "hang":
             _log(out, event="fault", kind=kind, rank=rank, cycle=cycle, step=step)
             os.kill(os.getpid(), signal.SIGSTOP)
@@ -145,4 +154,8 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    if "--record" in sys.argv:
+        from torch.distributed.elastic.multiprocessing.errors import record
+
+        sys.exit(record(main)())
     sys.exit(main())

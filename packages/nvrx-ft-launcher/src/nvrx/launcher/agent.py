@@ -43,6 +43,7 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRende
 from nvrx.ft import MonitorEvent
 
 from ._job_key import KEY_ENV, KEY_FILE_ENV, load_job_key
+from ._root_cause import process_failure, root_cause
 from .coordination import Action, Decision, JobCoordinator, JobState, StopCause
 from .exit_codes import ExitCode
 from .journal import JsonLines
@@ -299,11 +300,8 @@ class FtAgent(LocalElasticAgent):
                 running = True
             elif exitcode != 0 or local_rank in self._cycle.terminated:
                 worker = worker_group.workers[local_rank]
-                failures[worker.global_rank] = ProcessFailure(
-                    local_rank=local_rank,
-                    pid=handler.proc.pid,
-                    exitcode=exitcode,
-                    error_file=pc.error_files[local_rank],
+                failures[worker.global_rank] = process_failure(
+                    local_rank, handler.proc.pid, exitcode, pc.error_files[local_rank]
                 )
         if failures:
             return RunResult(state=WorkerState.FAILED, failures=failures)
@@ -524,9 +522,20 @@ class FtAgent(LocalElasticAgent):
         )
 
     def _journal_failures(self, result: RunResult) -> None:
+        pc = self._pcontext
+        stderrs = pc.stderrs if isinstance(pc, SubprocessContext) else {}
         for global_rank, failure in sorted(result.failures.items()):
             event = self._cycle.terminated.get(failure.local_rank)
             code = failure.exitcode
+            cause = root_cause(failure, stderrs.get(failure.local_rank))
+            if cause is not None:
+                logger.error(
+                    "root cause of rank %d (local rank %d) failing, from its %s:\n%s",
+                    global_rank,
+                    failure.local_rank,
+                    "error file (@record)" if cause.source == "error_file" else "stderr",
+                    cause.traceback or cause.message,
+                )
             self._journal.write(
                 {
                     "event": "rank_failed",
@@ -540,6 +549,7 @@ class FtAgent(LocalElasticAgent):
                     "section": event.section if event else None,
                     "observed_s": event.observed_s if event else None,
                     "limit_s": event.limit_s if event else None,
+                    "root_cause": None if cause is None else cause.to_json(),
                 }
             )
 
