@@ -1,6 +1,7 @@
 """A scripted training rank for the tests: ``python rank_worker.py '<json list of steps>'``.
 
-Each step is ``[name, *args]``: init, hb, open NAME, try_open NAME, close NAME, close_all, sleep S,
+Each step is ``[name, *args]``: init [WARMUP_ITERS], hb, open NAME, try_open NAME, close NAME,
+steps N SECONDS, fork_init, nondaemon_thread, raise, close_all, sleep S,
 beat_for S INTERVAL, ignore_sigterm, say TEXT, hang, stop_self, shutdown, calc_hb,
 calc_sections, load_state JSON, print_state, dist_init, dist_barrier,
 spawn_child, fork_sleeper, train STEPS SECONDS, control ACTION,
@@ -29,7 +30,10 @@ def main() -> int:
     for step in steps:
         name, args = step[0], step[1:]
         if name == "init":
-            client.init_workload_monitoring()
+            if args:
+                client.init_workload_monitoring(num_warmup_iters=args[0])
+            else:
+                client.init_workload_monitoring()
         elif name == "hb":
             client.send_heartbeat()
         elif name == "open":
@@ -39,6 +43,31 @@ def main() -> int:
                 client.start_section(args[0])
             except RankMonitorClientError as exc:
                 print(f"refused: {exc}", flush=True)
+            else:
+                print(f"opened {args[0]}", flush=True)
+        elif name == "steps":  # N steps of SECONDS each, marking each start
+            for i in range(int(args[0])):
+                print(f"step {i + 1}", flush=True)
+                client.start_section("step")
+                time.sleep(args[1])
+                client.end_section("step")
+        elif name == "fork_init":  # a child (as a DataLoader worker) runs the same init
+            forked = os.fork()
+            if forked == 0:
+                try:
+                    RankMonitorClient().init_workload_monitoring()
+                except RankMonitorClientError as exc:
+                    print(f"child refused: {exc}", flush=True)
+                else:
+                    print("child accepted", flush=True)
+                os._exit(0)
+            os.waitpid(forked, 0)
+        elif name == "nondaemon_thread":  # would keep a normal interpreter exit waiting
+            import threading
+
+            threading.Thread(target=time.sleep, args=(600,), daemon=False).start()
+        elif name == "raise":
+            raise RuntimeError("boom from the test")
         elif name == "close":
             client.end_section(args[0])
         elif name == "close_all":

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
+import pathlib
 import socket
 import sys
 from typing import TYPE_CHECKING, Any
@@ -78,20 +80,105 @@ def test_state_dict_round_trip_and_loaded_timeouts_are_enforced(
     assert _state(third.output()) == state
 
 
-def test_load_state_dict_rejects_malformed() -> None:
-    from nvrx.ft import RankMonitorClient, RankMonitorClientError
-
-    client = RankMonitorClient()
-    for bad in (
-        {},
+@pytest.mark.parametrize(
+    "bad",
+    [
         {"current_timeouts": {"heartbeat": {"bogus": 1}}},
         {"current_timeouts": {"heartbeat": {"initial": -1, "subsequent": 1}}},
+        {"current_timeouts": {"heartbeat": {"initial": float("nan"), "subsequent": 1}}},
+        {"current_timeouts": {"heartbeat": {"initial": float("inf"), "subsequent": 1}}},
+        {"current_timeouts": {"heartbeat": {"initial": 1e300, "subsequent": 1}}},
+        {"current_timeouts": {"heartbeat": {"initial": "60", "subsequent": 1}}},
+        {"current_timeouts": {"section": {"section": "step:60"}}},
+        {"current_timeouts": {"section": {"section": {"step": 1}, "calculated_sections": 3}}},
         {"current_timeouts": 3},
-    ):
-        with pytest.raises(RankMonitorClientError):
-            client.load_state_dict(bad)
-    client.load_state_dict({"current_timeouts": {}})
+        {"current_timeouts": {"heartbeat": {"initial": [[[[[[[[[[1]]]]]]]]]]}}},
+        [1, 2],
+        "state",
+    ],
+)
+def test_load_state_dict_never_raises_and_keeps_config(
+    bad: object, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Changed on purpose (issue 13 item 3): unusable state is logged, never raised.
+    from nvrx.ft import RankMonitorClient
+
+    client = RankMonitorClient()
+    with caplog.at_level(logging.WARNING, logger="nvrx.ft.RankMonitorClient"):
+        client.load_state_dict(bad)  # type: ignore[arg-type]
     assert client.loaded_hb_timeouts is None
+    assert client.loaded_section_timeouts is None
+    assert "ignoring saved FT state" in caplog.text
+
+
+@pytest.mark.parametrize("empty", [{}, {"current_timeouts": {}}])
+def test_load_state_dict_of_nothing_calculated_is_a_no_op(empty: dict[str, Any]) -> None:
+    from nvrx.ft import RankMonitorClient
+
+    client = RankMonitorClient()
+    client.load_state_dict(empty)
+    assert client.loaded_hb_timeouts is None
+
+
+def test_nvrx_state_shapes_are_read() -> None:
+    from nvrx.ft import RankMonitorClient
+    from nvrx.ft.data import HeartbeatTimeouts
+
+    client = RankMonitorClient()
+    # NVRx before 0.4: heartbeat timeouts straight under current_timeouts.
+    client.load_state_dict(
+        {"current_timeouts": {"initial": 120.0, "subsequent": 45.5, "were_calculated": True}}
+    )
+    assert client.loaded_hb_timeouts == HeartbeatTimeouts(120.0, 45.5, True)
+    # NVRx 0.4+ / Megatron's ft_state.json.
+    client.load_state_dict(
+        {
+            "current_timeouts": {
+                "section": {
+                    "section": {"setup": 600.0, "step": 31.0, "checkpointing": None},
+                    "out_of_section": 99.0,
+                    "calculated_sections": ["step"],
+                    "is_out_of_section_calculated": True,
+                }
+            }
+        }
+    )
+    sec = client.loaded_section_timeouts
+    assert sec is not None
+    assert sec.section["step"] == 31.0
+    assert sec.calculated_sections == {"step"}
+
+
+def test_state_file_reader_validates(tmp_path: pathlib.Path) -> None:
+    from nvrx.ft import FtStateError, read_timeouts_state_file
+
+    good = tmp_path / "ft_state.json"
+    good.write_text(
+        '{"current_timeouts": {"heartbeat": {"initial": 9, "subsequent": 3,'
+        ' "were_calculated": true}}}'
+    )
+    loaded = read_timeouts_state_file(good)
+    assert loaded.heartbeat is not None
+    assert loaded.heartbeat.subsequent == 3.0
+    for text, why in [
+        ('{"current_timeouts": {"heartbeat": {"initial": NaN}}}', "NaN"),
+        ('{"current_timeouts": {"heartbeat": {"initial": Infinity}}}', "Infinity"),
+        ('{"current_timeouts": {"heartbeat": {"initial": 1' + "0" * 5000 + "}}}", "JSON|too large"),
+        ("[" * 100_000 + "]" * 100_000, "JSON"),
+        ('{"current_timeouts": {"heartbeat"', "JSON"),
+        ('{"current_timeouts": ["x"]}', "not a mapping"),
+    ]:
+        bad = tmp_path / "bad.json"
+        bad.write_text(text)
+        with pytest.raises(FtStateError, match=why) as info:
+            read_timeouts_state_file(bad)
+        assert str(bad) in str(info.value)
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)
+    with pytest.raises(FtStateError, match="not a regular file"):
+        read_timeouts_state_file(fifo)
+    with pytest.raises(FileNotFoundError):
+        read_timeouts_state_file(tmp_path / "missing.json")
 
 
 def _free_port() -> int:

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
         MAX_DURATION_S,
         MONITOR_SOCKET_ENV,
         HeartbeatTimeouts,
+        SectionAction,
         SectionTimeouts,
         WorkloadAction,
         WorkloadControlRequest,
@@ -31,7 +32,13 @@ if TYPE_CHECKING:
     from nvrx.ft.health import HealthError
     from nvrx.ft.runtime import create_runtime_dir
     from nvrx.ft.server import RANK_MONITOR_INIT_TIMEOUT, MonitorProcess, RankMonitorServer
-    from nvrx.ft.timeouts_calc import SectionAction, TimeoutsCalc, TimeoutsCalcError
+    from nvrx.ft.state import (
+        FtStateError,
+        LoadedTimeouts,
+        parse_timeouts_state,
+        read_timeouts_state_file,
+    )
+    from nvrx.ft.timeouts_calc import TimeoutsCalc, TimeoutsCalcError
 
     __version__: str
 
@@ -56,7 +63,11 @@ _WHERE = {
     "RANK_MONITOR_INIT_TIMEOUT": "server",
     "MonitorProcess": "server",
     "RankMonitorServer": "server",
-    "SectionAction": "timeouts_calc",
+    "FtStateError": "state",
+    "LoadedTimeouts": "state",
+    "parse_timeouts_state": "state",
+    "read_timeouts_state_file": "state",
+    "SectionAction": "data",
     "TimeoutsCalc": "timeouts_calc",
     "TimeoutsCalcError": "timeouts_calc",
 }
@@ -68,8 +79,10 @@ __all__ = [
     "RANK_MONITOR_INIT_TIMEOUT",
     "FaultToleranceConfig",
     "FieldSpec",
+    "FtStateError",
     "HealthError",
     "HeartbeatTimeouts",
+    "LoadedTimeouts",
     "MonitorEvent",
     "MonitorProcess",
     "RankMonitorClient",
@@ -86,6 +99,8 @@ __all__ = [
     "add_ft_arguments",
     "create_runtime_dir",
     "parse_monitor_event",
+    "parse_timeouts_state",
+    "read_timeouts_state_file",
 ]
 
 

@@ -29,8 +29,19 @@ from nvrx.ft.data import (
     SectionTimeouts,
     WorkloadControlRequest,
 )
+from nvrx.ft.detection import STEP_SECTION
 from nvrx.ft.protocol import PROTOCOL_VERSION, ProtocolError, encode_frame, recv_frame
-from nvrx.ft.shm import LAST_HB_NS, OOS_SINCE_NS, SECTION_BASE, SECTIONS_USED, SharedBlock
+from nvrx.ft.shm import (
+    LAST_HB_NS,
+    OOS_SINCE_NS,
+    SECTION_BASE,
+    SECTIONS_USED,
+    SLOT_LAYOUT,
+    STEPS_STARTED,
+    WARMUP_STEPS,
+    SharedBlock,
+)
+from nvrx.ft.state import CURRENT_TIMEOUTS_STATE_KEY, FtStateError, parse_timeouts_state
 from nvrx.ft.timeouts_calc import SectionStat, TimeoutsCalc, TimeoutsCalcError
 
 __all__ = ["RankMonitorClient", "RankMonitorClientError"]
@@ -105,7 +116,7 @@ class RankMonitorClient:
     synchronised against each other across threads.
     """
 
-    CURRENT_TIMEOUTS_STATE_KEY = "current_timeouts"
+    CURRENT_TIMEOUTS_STATE_KEY = CURRENT_TIMEOUTS_STATE_KEY
 
     def __init__(self) -> None:
         self.logger = logging.getLogger("nvrx.ft.RankMonitorClient")
@@ -128,13 +139,30 @@ class RankMonitorClient:
         self._next_probe_ns = 0
         self._monitor_lost = False
         self._dump_signal: int | None = None
+        self._warmup_left = 0
+        self._step_slot = -1
+        self._misuse_logged: set[tuple[str, str]] = set()
+        self._previous_excepthook: Any = None
 
     # ------------------------------------------------------------- lifecycle
 
-    def init_workload_monitoring(self) -> None:
-        """Connect to the monitor named by ``$NVRX_FT_MONITOR_SOCKET`` and start monitoring."""
+    def init_workload_monitoring(self, num_warmup_iters: int | None = None) -> None:
+        """Connect to the monitor named by ``$NVRX_FT_MONITOR_SOCKET`` and start monitoring.
+
+        ``num_warmup_iters`` (as Megatron-LM passes it) overrides the config's
+        ``num_warmup_iterations``: the first N ``step`` sections are checked against the
+        ``warmup`` section timeout, or not at all when there is none.
+        """
         if self.is_initialized:
             raise RankMonitorClientError("init_workload_monitoring() was already called")
+        if num_warmup_iters is not None and (
+            isinstance(num_warmup_iters, bool)
+            or not isinstance(num_warmup_iters, int)
+            or not 0 <= num_warmup_iters <= 1_000_000_000
+        ):
+            raise RankMonitorClientError(
+                f"num_warmup_iters={num_warmup_iters!r}: expected an integer >= 0"
+            )
         path = os.environ.get(MONITOR_SOCKET_ENV)
         if not path:
             raise RankMonitorClientError(
@@ -181,10 +209,7 @@ class RankMonitorClient:
         finally:
             for fd in fds:
                 os.close(fd)
-        layout = (LAST_HB_NS, OOS_SINCE_NS, SECTIONS_USED, SECTION_BASE)
-        slots_info = reply.get("slots", {})
-        keys = ("last_hb_ns", "oos_since_ns", "sections_used", "section_base")
-        if tuple(slots_info.get(k) for k in keys) != layout:
+        if reply.get("slots") != SLOT_LAYOUT:
             sock.close()
             block.close()
             raise RankMonitorClientError("the rank monitor uses another shared memory layout")
@@ -204,6 +229,12 @@ class RankMonitorClient:
         self._sections_used = False
         self._monitor_lost = False
         self._next_probe_ns = time.monotonic_ns() + _PROBE_PERIOD_NS
+        warmup = cfg.num_warmup_iterations if num_warmup_iters is None else num_warmup_iters
+        block.slots[WARMUP_STEPS] = warmup
+        step = self._section_entries.get(STEP_SECTION)
+        # Count step openings up to warmup + 1: the monitor then knows warmup is over.
+        self._warmup_left = warmup + 1 if warmup and step is not None else 0
+        self._step_slot = -1 if step is None else step[1]
         self.cfg = cfg
         self.rank = rank
         self.rank_monitor_socket = path
@@ -221,9 +252,32 @@ class RankMonitorClient:
                 self._dump_signal = int(cfg.stack_dump_signal)
             except (OSError, RuntimeError, ValueError) as exc:
                 self.logger.warning("no stack dump on termination: %s", exc)
+        if cfg.install_exception_hook:
+            self._install_exception_hook()
         self.is_initialized = True
         if self.loaded_hb_timeouts is not None or self.loaded_section_timeouts is not None:
             self._apply_loaded()
+
+    def _install_exception_hook(self) -> None:
+        """NVRx's install_exception_hook: log an uncaught exception, then exit at once.
+
+        ``os._exit`` skips interpreter teardown, which can hang in a rank whose
+        collective peers are gone; the launcher sees exit status 1.
+        """
+        logger = self.logger
+        previous = sys.excepthook
+
+        def hook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
+            try:
+                logger.critical("uncaught exception; exiting", exc_info=(kind, value, tb))
+                for stream in (sys.stdout, sys.stderr):
+                    with contextlib.suppress(Exception):
+                        stream.flush()
+            finally:
+                os._exit(1)
+
+        self._previous_excepthook = previous
+        sys.excepthook = hook
 
     def shutdown_workload_monitoring(self) -> None:
         """Stop monitoring this rank (the monitor stops checking it) and disconnect."""
@@ -243,6 +297,10 @@ class RankMonitorClient:
         if self._dump_signal is not None:
             faulthandler.unregister(self._dump_signal)
             self._dump_signal = None
+        if self._previous_excepthook is not None:
+            sys.excepthook = self._previous_excepthook
+            self._previous_excepthook = None
+        self._warmup_left = 0
         self._slots = None
         self._section_entries = {}
         if self._block is not None:
@@ -274,15 +332,25 @@ class RankMonitorClient:
             self._probe_monitor(t)
 
     def start_section(self, section: str) -> None:
-        """Open a configured section; sections may nest or overlap, a name may not reopen."""
+        """Open a configured section; sections may nest or overlap.
+
+        As in NVRx 0.7, a name without a configured timeout is not monitored and costs
+        next to nothing (logged once per name), and reopening an open section is logged
+        once and ignored: monitoring never breaks training.
+        """
         entry = self._section_entries.get(section)
         if entry is None:
-            raise self._section_error("start_section", section)
+            self._unmonitored("start_section", section)
+            return
         stat, slot = entry
         if stat.opened_ns:
-            raise RankMonitorClientError(f"Section {section!r} is already open")
-        t = _monotonic_ns()
+            self._misuse("start_section", section, "is already open; ignored")
+            return
         slots = self._slots
+        if self._warmup_left and slot == self._step_slot:
+            self._warmup_left -= 1
+            slots[STEPS_STARTED] += 1  # before the open time: see nvrx.ft.shm
+        t = _monotonic_ns()
         slots[slot] = t  # the open time first, then out-of-section cleared (see nvrx.ft.shm)
         calc = self._calc  # inline copy of TimeoutsCalc._open_ns
         if not calc.open_count:
@@ -302,10 +370,12 @@ class RankMonitorClient:
         """Close a section opened with :meth:`start_section`."""
         entry = self._section_entries.get(section)
         if entry is None:
-            raise self._section_error("end_section", section)
+            self._unmonitored("end_section", section)
+            return
         stat, slot = entry
         if not stat.opened_ns:
-            raise RankMonitorClientError(f"Section {section!r} is not open")
+            self._misuse("end_section", section, "is not open; ignored")
+            return
         t = _monotonic_ns()
         interval = t - stat.opened_ns  # inline copy of TimeoutsCalc._close_ns
         if interval > stat.max_ns:
@@ -333,12 +403,24 @@ class RankMonitorClient:
                 calc._close_ns(stat, t)
                 self._slots[slot] = 0
 
-    def _section_error(self, what: str, section: str) -> RankMonitorClientError:
+    def _unmonitored(self, what: str, section: object) -> None:
+        """A section name without a configured timeout (the slow path of the hot path)."""
         if self._slots is None:
-            return RankMonitorClientError(f"{what}() before init_workload_monitoring()")
-        return RankMonitorClientError(
-            f"Unknown section {section!r}; configured sections: {sorted(self._section_entries)}"
+            raise RankMonitorClientError(f"{what}() before init_workload_monitoring()")
+        if not isinstance(section, str):
+            raise RankMonitorClientError(f"{what}(): section name {section!r} is not a string")
+        self._misuse(
+            "unmonitored",
+            section,
+            f"has no configured timeout (configured: {sorted(self._section_entries)}); "
+            "it is not monitored",
         )
+
+    def _misuse(self, what: str, section: str, why: str) -> None:
+        key = (what, section)
+        if key not in self._misuse_logged and len(self._misuse_logged) < 1024:
+            self._misuse_logged.add(key)
+            self.logger.warning("%s: section %r %s (logged once)", what, section, why)
 
     def _probe_monitor(self, now_ns: int) -> None:
         """About once a second: notice (and log once) that the monitor went away."""
@@ -481,22 +563,21 @@ class RankMonitorClient:
         return {self.CURRENT_TIMEOUTS_STATE_KEY: current}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore calculated timeouts; before init they are applied at init."""
+        """Restore calculated timeouts; before init they are applied at init.
+
+        Accepts what :meth:`state_dict` and NVRx write (see :mod:`nvrx.ft.state`). State
+        that cannot be used (wrong shape, NaN, a timeout over 30 days...) never raises:
+        it is logged at WARNING, saying why, and the configured timeouts stay.
+        """
         try:
-            current = state[self.CURRENT_TIMEOUTS_STATE_KEY]
-            hb = current.get("heartbeat")
-            sec = current.get("section")
-            loaded_hb = None if hb is None else HeartbeatTimeouts(**hb)
-            loaded_sec = None if sec is None else SectionTimeouts(**sec)
-        except (KeyError, TypeError, AttributeError) as exc:
-            raise RankMonitorClientError(f"not a RankMonitorClient state_dict: {exc}") from exc
-        for value in _timeout_values(loaded_hb, loaded_sec):
-            if value is not None and (
-                isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0
-            ):
-                raise RankMonitorClientError(f"bad timeout {value!r} in state_dict")
-        self.loaded_hb_timeouts = loaded_hb
-        self.loaded_section_timeouts = loaded_sec
+            loaded = parse_timeouts_state(state)
+        except FtStateError as exc:
+            self.logger.warning("ignoring saved FT state, using the configured timeouts: %s", exc)
+            return
+        if loaded.is_empty:
+            return
+        self.loaded_hb_timeouts = loaded.heartbeat
+        self.loaded_section_timeouts = loaded.section
         if self.is_initialized:
             self._apply_loaded()
 
@@ -539,12 +620,3 @@ class RankMonitorClient:
             self.section_timeouts = sec
         if hb is not None or sec is not None:
             self._send_timeouts(hb, sec)
-
-
-def _timeout_values(hb: HeartbeatTimeouts | None, sec: SectionTimeouts | None) -> list[object]:
-    values: list[object] = []
-    if hb is not None:
-        values += [hb.initial, hb.subsequent]
-    if sec is not None:
-        values += [sec.out_of_section, *sec.section.values()]
-    return values

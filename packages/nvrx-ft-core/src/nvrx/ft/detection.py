@@ -9,6 +9,10 @@ Pure functions, so every rule is testable without processes:
   most overdue one is reported. A section without a timeout is not checked.
 - While no section is open, the out-of-section timeout runs from the last close (or init).
 - A ``None`` timeout disables that check.
+- Warmup (NVRx 0.6+): while the rank has opened at most ``warmup_steps`` ``step``
+  sections, an open ``step`` is checked against the ``warmup`` section timeout (not at
+  all when there is none), and the out-of-section timeout is not checked before the
+  last warmup step has started. Only when ``step`` is a configured section.
 """
 
 from __future__ import annotations
@@ -17,9 +21,20 @@ import dataclasses
 
 from nvrx.ft.shm import RankSnapshot
 
-__all__ = ["ActiveTimeouts", "Violation", "find_violation", "next_deadline_ns"]
+__all__ = [
+    "STEP_SECTION",
+    "WARMUP_SECTION",
+    "ActiveTimeouts",
+    "Violation",
+    "find_violation",
+    "next_deadline_ns",
+]
 
 _NS = 1_000_000_000
+#: The section whose first ``num_warmup_iterations`` openings are warmup steps.
+STEP_SECTION = "step"
+#: The section timeout applied to ``step`` during warmup.
+WARMUP_SECTION = "warmup"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,10 +95,15 @@ def _deadlines(
                 None,
             )
         )
+    warming = snap.warmup_steps > 0 and STEP_SECTION in timeouts.sections
     for name, opened in snap.open_sections:
         limit = timeouts.sections.get(name)
+        if warming and name == STEP_SECTION and snap.steps_started <= snap.warmup_steps:
+            limit = timeouts.sections.get(WARMUP_SECTION)
         if limit is not None:
             out.append((opened + int(limit * _NS), "section_timeout", opened, limit, name))
+    if warming and snap.steps_started < snap.warmup_steps:
+        return out
     if not snap.open_sections and snap.oos_since_ns and timeouts.out_of_section is not None:
         since = snap.oos_since_ns
         out.append(

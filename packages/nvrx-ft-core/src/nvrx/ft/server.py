@@ -41,7 +41,7 @@ from nvrx.ft.protocol import (
     validate_request,
 )
 from nvrx.ft.runtime import check_private_dir
-from nvrx.ft.shm import LAST_HB_NS, OOS_SINCE_NS, SECTION_BASE, SECTIONS_USED, SharedBlock
+from nvrx.ft.shm import SLOT_LAYOUT, SharedBlock
 from nvrx.ft.termination import RankProcess, Terminator
 
 __all__ = ["RANK_MONITOR_INIT_TIMEOUT", "MonitorProcess", "RankMonitorServer"]
@@ -446,7 +446,7 @@ class RankMonitorServer:
         cfg = self.cfg
         sections = tuple(sorted(cfg.rank_section_timeouts))
         init_ns = time.monotonic_ns()
-        block, fd = SharedBlock.create(len(sections), init_ns)
+        block, fd = SharedBlock.create(len(sections), init_ns, cfg.num_warmup_iterations)
         watched = _Watched(
             conn=conn,
             proc=proc,
@@ -468,12 +468,7 @@ class RankMonitorServer:
             "config": cfg.to_dict(),
             "sections": list(sections),
             "init_ns": init_ns,
-            "slots": {
-                "last_hb_ns": LAST_HB_NS,
-                "oos_since_ns": OOS_SINCE_NS,
-                "sections_used": SECTIONS_USED,
-                "section_base": SECTION_BASE,
-            },
+            "slots": dict(SLOT_LAYOUT),
         }
         try:
             sent = self._reply(conn, reply, [fd])

@@ -12,6 +12,11 @@ Slots:
 - ``LAST_HB_NS``: the last heartbeat, 0 before the first.
 - ``OOS_SINCE_NS``: when the last section closed (or init), 0 while a section is open.
 - ``SECTIONS_USED``: 1 once the rank has opened any section.
+- ``WARMUP_STEPS``: how many ``step`` sections are warmup steps (the monitor writes the
+  configured ``num_warmup_iterations``; the rank overwrites it with
+  ``init_workload_monitoring(num_warmup_iters=...)``).
+- ``STEPS_STARTED``: ``step`` sections opened so far, counted up to ``WARMUP_STEPS + 1``
+  (incremented before the step's open time is stored).
 - ``SECTION_BASE + i``: when section ``i`` (in the order the monitor sent) was opened,
   0 while closed.
 
@@ -34,6 +39,9 @@ __all__ = [
     "SECTIONS_USED",
     "SECTION_BASE",
     "SHM_MAGIC",
+    "SLOT_LAYOUT",
+    "STEPS_STARTED",
+    "WARMUP_STEPS",
     "RankSnapshot",
     "SharedBlock",
     "block_size",
@@ -43,7 +51,20 @@ MAGIC = 0
 LAST_HB_NS = 1
 OOS_SINCE_NS = 2
 SECTIONS_USED = 3
+WARMUP_STEPS = 4
+STEPS_STARTED = 5
 SECTION_BASE = 8
+#: Slot indices by name, sent to the rank with its block so both sides agree on them.
+SLOT_LAYOUT = {
+    "last_hb_ns": LAST_HB_NS,
+    "oos_since_ns": OOS_SINCE_NS,
+    "sections_used": SECTIONS_USED,
+    "warmup_steps": WARMUP_STEPS,
+    "steps_started": STEPS_STARTED,
+    "section_base": SECTION_BASE,
+}
+#: Largest warmup step count read from a block (the rank's own block; bounded anyway).
+_MAX_WARMUP_STEPS = 1_000_000_000
 SHM_MAGIC = 0x4E565258_46540001  # "NVRXFT" v1
 
 
@@ -61,6 +82,8 @@ class RankSnapshot:
     oos_since_ns: int
     sections_used: bool
     open_sections: tuple[tuple[str, int], ...]
+    warmup_steps: int = 0
+    steps_started: int = 0
 
 
 class SharedBlock:
@@ -72,7 +95,9 @@ class SharedBlock:
         self.num_sections = num_sections
 
     @classmethod
-    def create(cls, num_sections: int, init_ns: int) -> tuple[SharedBlock, int]:
+    def create(
+        cls, num_sections: int, init_ns: int, warmup_steps: int = 0
+    ) -> tuple[SharedBlock, int]:
         """A new block (and its file descriptor, to hand over) for a rank starting at init_ns."""
         fd = os.memfd_create("nvrx-ft-rank", os.MFD_CLOEXEC)
         try:
@@ -82,6 +107,7 @@ class SharedBlock:
             os.close(fd)
             raise
         block.slots[OOS_SINCE_NS] = init_ns
+        block.slots[WARMUP_STEPS] = warmup_steps
         block.slots[MAGIC] = SHM_MAGIC
         return block, fd
 
@@ -91,9 +117,11 @@ class SharedBlock:
         oos = s[OOS_SINCE_NS]
         last_hb = s[LAST_HB_NS]
         used = bool(s[SECTIONS_USED])
+        warmup = min(max(s[WARMUP_STEPS], 0), _MAX_WARMUP_STEPS)
+        steps = min(max(s[STEPS_STARTED], 0), _MAX_WARMUP_STEPS + 1)
         values = [s[SECTION_BASE + i] for i in range(len(sections))]  # each slot read once
         opened = tuple((name, t) for name, t in zip(sections, values, strict=True) if t)
-        return RankSnapshot(last_hb, oos, used or bool(opened), opened)
+        return RankSnapshot(last_hb, oos, used or bool(opened), opened, warmup, steps)
 
     def close(self) -> None:
         """Unmap; the block lives on while the other side still maps it."""

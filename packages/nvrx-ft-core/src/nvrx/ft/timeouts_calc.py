@@ -13,6 +13,7 @@ the public methods and attributes use seconds, as NVRx's do.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterable
 
@@ -21,6 +22,8 @@ from nvrx.ft.data import HeartbeatTimeouts, SectionAction, SectionTimeouts
 __all__ = ["SectionAction", "SectionStat", "TimeoutsCalc", "TimeoutsCalcError"]
 
 _NS = 1_000_000_000
+_logger = logging.getLogger("nvrx.ft.timeouts_calc")
+_floor_logged = False
 
 
 class TimeoutsCalcError(Exception):
@@ -229,7 +232,20 @@ class TimeoutsCalc:
         )
 
     def _floor(self, timeout: float) -> float:
-        return timeout if self.min_timeout is None else max(timeout, self.min_timeout)
+        """Raise a calculated timeout to ``min_timeout`` (saying so once per process)."""
+        if self.min_timeout is None or timeout >= self.min_timeout:
+            return timeout
+        global _floor_logged
+        if not _floor_logged:
+            _floor_logged = True
+            _logger.warning(
+                "a calculated timeout of %.3f s was raised to the floor of %.1f s "
+                "(FaultToleranceConfig.min_calculated_timeout, --ft-min-calculated-timeout; "
+                "NVRx has no floor): set it lower, or none, for short jobs; logged once",
+                timeout,
+                self.min_timeout,
+            )
+        return self.min_timeout
 
     def _selected(self, selected_sections: Iterable[str] | None) -> list[str]:
         chosen = list(self.sections if selected_sections is None else selected_sections)
