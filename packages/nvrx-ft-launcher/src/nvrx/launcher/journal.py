@@ -3,6 +3,11 @@
 Two files use it: the journal (``--ft-journal``: every event of the run) and the cycle
 log (``--ft-cycle-log``: one record per cycle end). Each line is written with a single
 ``write`` on an ``O_APPEND`` descriptor, so launchers of several nodes can share a file.
+
+Every record carries ``schema_version`` (:data:`SCHEMA_VERSION`). The JSON Schemas of
+both files ship with the package (``nvrx/launcher/schemas/journal.schema.json`` and
+``cycle.schema.json``, see :func:`schema_path`); the version moves whenever a field is
+removed or changes meaning, not when one is added.
 """
 
 from __future__ import annotations
@@ -10,10 +15,22 @@ from __future__ import annotations
 import json
 import logging
 import os
+import pathlib
 import time
 from typing import Any
 
-__all__ = ["JsonLines"]
+__all__ = ["SCHEMA_VERSION", "JsonLines", "schema_path"]
+
+#: Version of the journal and cycle-log records (their ``schema_version`` field).
+SCHEMA_VERSION = 1
+
+
+def schema_path(name: str) -> pathlib.Path:
+    """The JSON Schema file of ``name``: ``"journal"`` or ``"cycle"``."""
+    if name not in ("journal", "cycle"):
+        raise ValueError(f"no schema named {name!r}")
+    return pathlib.Path(__file__).with_name("schemas") / f"{name}.schema.json"
+
 
 logger = logging.getLogger("nvrx.launcher")
 
@@ -32,9 +49,10 @@ class JsonLines:
         return self._path
 
     def write(self, record: dict[str, Any]) -> None:
-        """Append ``record`` (plus ``t`` and ``node`` when missing); failures are logged once."""
+        """Append ``record`` (plus ``schema_version``, ``t`` and ``node``); errors logged once."""
         if self._path is None:
             return
+        record.setdefault("schema_version", SCHEMA_VERSION)
         record.setdefault("t", time.time())
         if self.node is not None:
             record.setdefault("node", self.node)

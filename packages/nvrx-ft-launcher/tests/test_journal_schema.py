@@ -1,0 +1,77 @@
+"""The journal and the cycle log match the JSON Schemas shipped with the package."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+from collections.abc import Callable
+from typing import Any
+
+import jsonschema
+import pytest
+from launcher_testkit import Launcher  # type: ignore[import-not-found]
+
+from nvrx.launcher import ExitCode
+from nvrx.launcher.journal import SCHEMA_VERSION, JsonLines, schema_path
+
+Start = Callable[..., Launcher]
+
+
+def _validator(name: str) -> jsonschema.protocols.Validator:
+    schema = json.loads(schema_path(name).read_text())
+    jsonschema.Draft202012Validator.check_schema(schema)
+    return jsonschema.Draft202012Validator(schema)
+
+
+def _lines(path: pathlib.Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_schemas_are_valid_and_strict_enough(tmp_path: pathlib.Path) -> None:
+    journal = _validator("journal")
+    path = tmp_path / "j.jsonl"
+    JsonLines(path, node="n").write({"event": "finished", "exit_code": 0, "reason": "ok"})
+    [record] = _lines(path)
+    assert record["schema_version"] == SCHEMA_VERSION
+    journal.validate(record)
+    for broken in [
+        {k: v for k, v in record.items() if k != "schema_version"},
+        {**record, "schema_version": 2},
+        {**record, "event": "no_such_event"},
+        {k: v for k, v in record.items() if k != "exit_code"},
+        {**record, "exit_code": "0"},
+    ]:
+        assert not journal.is_valid(broken), broken
+    cycle = _validator("cycle")
+    assert not cycle.is_valid({"schema_version": 1, "t": 1.0, "action": "restart"})
+    with pytest.raises(ValueError, match="no schema"):
+        schema_path("other")
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_a_run_with_a_restart_and_a_stop_matches_the_schemas(
+    start_launcher: Start, tmp_path: pathlib.Path
+) -> None:
+    journal_path = tmp_path / "journal.jsonl"
+    cycle_path = tmp_path / "cycles.jsonl"
+    launcher = start_launcher(
+        [
+            *("--nproc-per-node", "2", "--max-restarts", "1"),
+            *(f"--ft-journal={journal_path}", f"--ft-cycle-log={cycle_path}"),
+        ],
+        ["--steps", "6", "--fault", "raise:1:3:*"],
+    )
+    assert launcher.wait() == ExitCode.RESTARTS_EXHAUSTED, launcher.log()
+    journal, cycle = _validator("journal"), _validator("cycle")
+    records = _lines(journal_path)
+    for record in records:
+        journal.validate(record)
+    kinds = {r["event"] for r in records}
+    assert {"run_start", "workers_started", "rank_failed", "decision", "restart"} <= kinds
+    assert records[-1]["event"] == "finished"
+    cycles = _lines(cycle_path)
+    for record in cycles:
+        cycle.validate(record)
+    assert [c["action"] for c in cycles] == ["restart", "stop"]
