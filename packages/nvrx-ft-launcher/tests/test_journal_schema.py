@@ -7,7 +7,7 @@ import pathlib
 from collections.abc import Callable
 from typing import Any
 
-import jsonschema
+import jsonschema  # type: ignore[import-untyped]
 import pytest
 from launcher_testkit import Launcher  # type: ignore[import-not-found]
 
@@ -17,7 +17,7 @@ from nvrx.launcher.journal import SCHEMA_VERSION, JsonLines, schema_path
 Start = Callable[..., Launcher]
 
 
-def _validator(name: str) -> jsonschema.protocols.Validator:
+def _validator(name: str) -> Any:
     schema = json.loads(schema_path(name).read_text())
     jsonschema.Draft202012Validator.check_schema(schema)
     return jsonschema.Draft202012Validator(schema)
