@@ -1,8 +1,9 @@
 """Directives that render ft_launcher's options and exit codes from the code itself.
 
-``cli-reference`` renders ``nvrx.launcher.cli.get_parser()``; ``exit-codes`` renders
-``nvrx.launcher.exit_codes.exit_codes_table()``. Both are rebuilt on every docs build,
-so the pages can never drift from the code.
+``cli-reference`` renders ``nvrx.launcher.cli.get_parser()``; ``pet-variables`` lists the
+``PET_*`` variable of each of its options; ``exit-codes`` renders
+``nvrx.launcher.exit_codes.exit_codes_table()``. All are rebuilt on every docs build, so
+the pages can never drift from the code.
 """
 
 from __future__ import annotations
@@ -62,6 +63,32 @@ class CliReference(Directive):
         return sections
 
 
+class PetVariables(Directive):
+    """One line per option of the parser: the ``PET_<DEST>`` variable that sets it."""
+
+    required_arguments = 1
+
+    def run(self) -> list[nodes.Node]:
+        parser = _parser(self.arguments[0])
+        items = nodes.bullet_list()
+        seen: set[str] = set()
+        for action in parser._actions:
+            if not action.option_strings or action.help == argparse.SUPPRESS:
+                continue
+            if action.dest in seen or action.dest in ("help", "version"):
+                continue
+            seen.add(action.dest)
+            variable = f"PET_{action.dest.upper()}"
+            item = nodes.list_item()
+            line = nodes.paragraph()
+            line += nodes.literal(variable, variable)
+            line += nodes.Text(" sets ")
+            line += nodes.literal(action.option_strings[0], action.option_strings[0])
+            item += line
+            items += item
+        return [items]
+
+
 class ExitCodes(Directive):
     """The launcher's exit code table, as ``ft_launcher --help`` prints it."""
 
@@ -75,4 +102,5 @@ class ExitCodes(Directive):
 def setup(app: Sphinx) -> dict[str, object]:
     app.add_directive("cli-reference", CliReference)
     app.add_directive("exit-codes", ExitCodes)
+    app.add_directive("pet-variables", PetVariables)
     return {"parallel_read_safe": True, "version": "1"}
