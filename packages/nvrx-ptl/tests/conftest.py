@@ -236,6 +236,8 @@ def tiny_fit(
     ckpt_path: str | None = None,
     logger: object = False,
     ckpt_dir: Path | None = None,
+    ckpt_every: int = 2,
+    model: object = None,
 ) -> object:
     """Fit a tiny model in this process (Lightning is imported already: fast)."""
     import lightning.pytorch as pl
@@ -259,7 +261,7 @@ def tiny_fit(
     if ckpt_dir is not None:
         callbacks = [
             *callbacks,
-            ModelCheckpoint(dirpath=ckpt_dir, save_last=True, every_n_train_steps=2),
+            ModelCheckpoint(dirpath=ckpt_dir, save_last=True, every_n_train_steps=ckpt_every),
         ]
     trainer = pl.Trainer(
         accelerator="cpu",
@@ -268,12 +270,12 @@ def tiny_fit(
         callbacks=callbacks,  # type: ignore[arg-type]
         default_root_dir=root,
         logger=logger,  # type: ignore[arg-type]
-        enable_checkpointing=ckpt_dir is not None,
+        enable_checkpointing=any(isinstance(c, ModelCheckpoint) for c in callbacks),
         enable_progress_bar=False,
         enable_model_summary=False,
     )
     data = DataLoader(TensorDataset(torch.randn(32, 2)), batch_size=4)
-    trainer.fit(Tiny(), train_dataloaders=data, ckpt_path=ckpt_path)
+    trainer.fit(model or Tiny(), train_dataloaders=data, ckpt_path=ckpt_path)  # type: ignore[arg-type]
     return trainer
 
 

@@ -107,7 +107,8 @@ class Probe(Callback):
     def on_exception(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
     ) -> None:
-        probe("exception", error=repr(exception), open=open_sections(trainer))
+        scores = {k: float(v) for k, v in trainer.callback_metrics.items() if "_perf/" in k}
+        probe("exception", error=repr(exception), open=open_sections(trainer), scores=scores)
 
 
 def policy(exc: BaseException) -> WorkloadControlRequest:

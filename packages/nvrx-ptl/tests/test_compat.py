@@ -120,3 +120,131 @@ def test_nvrx_module_paths_port_by_prefix() -> None:
     ]:
         found = getattr(importlib.import_module(f"nvrx.ptl.{module}"), name)
         assert found is getattr(nvrx.ptl, name), (module, name)
+
+
+def test_default_loggers_are_under_nvrx_and_nemo_names_are_one_argument_away() -> None:
+    from nvrx.ptl import (
+        FaultToleranceCallback,
+        FaultToleranceSectionsCallback,
+        StragglerDetectionCallback,
+    )
+
+    ft = FaultToleranceCallback(autoresume=False, calculate_timeouts=True)
+    sections = FaultToleranceSectionsCallback(autoresume=False, calculate_timeouts=True)
+    straggler = StragglerDetectionCallback(300, True, True, 5, 0.7, 0.7, True, True)
+    assert ft.logger.name == "nvrx.ptl.FaultToleranceCallback"
+    assert sections.logger.name == "nvrx.ptl.FaultToleranceSectionsCallback"
+    assert straggler.logger.name == "nvrx.ptl.StragglerDetectionCallback"
+    nemo = FaultToleranceCallback(
+        autoresume=False, calculate_timeouts=True, logger_name="nemo_logger.FaultToleranceCallback"
+    )
+    assert nemo.logger.name == "nemo_logger.FaultToleranceCallback"
+    nemo_straggler = StragglerDetectionCallback(
+        300,
+        True,
+        True,
+        5,
+        0.7,
+        0.7,
+        True,
+        True,
+        logger_name="nemo_logger.StragglerDetectionCallback",
+    )
+    assert nemo_straggler.logger.name == "nemo_logger.StragglerDetectionCallback"
+
+
+def test_nvrx_class_attributes() -> None:
+    from nvrx.ptl import FaultToleranceCallback, FaultToleranceSectionsCallback
+
+    assert FaultToleranceCallback.TIMEOUTS_FILENAME == "_ft_state.json"
+    assert FaultToleranceSectionsCallback.TIMEOUTS_FILENAME == "_ft_state_.json"
+    assert FaultToleranceCallback.FT_DIR_NAME == "ft_state"
+    assert FaultToleranceSectionsCallback.FT_DIR_NAME == "ft_state"
+
+
+def test_hooks_accept_nvrx_call_shapes() -> None:
+    """NVRx defines most FT hooks as ``(*args, **kwargs)``: every shape a caller may use
+    (Lightning 2's, pytorch_lightning 1.x's extra ``dataloader_idx``, keywords) is taken."""
+    import lightning.pytorch as pl
+
+    from nvrx.ptl import FaultToleranceCallback, FaultToleranceSectionsCallback
+
+    trainer = pl.Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False)
+    module = pl.LightningModule()
+    ft = FaultToleranceCallback(autoresume=False, calculate_timeouts=True)
+    for hook in (
+        "on_train_start",
+        "on_train_end",
+        "on_validation_start",
+        "on_validation_end",
+        "on_train_batch_end",
+        "on_validation_batch_end",
+        "on_save_checkpoint",
+        "on_load_checkpoint",
+    ):
+        method = getattr(ft, hook)
+        method()
+        method(trainer, module)
+        method(trainer, module, {"loss": 1.0}, [1], 0, 0)
+        method(trainer=trainer, pl_module=module, outputs=None, batch=[1], batch_idx=0)
+    sections = FaultToleranceSectionsCallback(autoresume=False, calculate_timeouts=True)
+    sections.on_train_batch_start()
+    sections.on_train_batch_start(trainer, module, [1], 0, 0)
+    sections.on_validation_batch_start(trainer, module, [1], 0, 0)
+    sections.on_load_checkpoint(trainer, module, {})
+    sections.on_train_batch_end(trainer, module, None, [1], 0)
+    sections.on_train_batch_end(trainer=trainer)
+    sections.on_save_checkpoint(trainer, module, {})
+    sections.on_save_checkpoint(trainer=trainer, checkpoint={})
+    sections.on_exception(trainer, module, exc=RuntimeError("x"))
+    ft.on_exception(trainer, module, exception=RuntimeError("x"))
+    assert not ft.is_initialized
+    assert not sections.is_initialized
+
+
+@pytest.mark.timeout(120)
+def test_unreachable_monitor_is_a_rank_monitor_client_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As in NVRx, no reachable monitor is RankMonitorClientError (from setup)."""
+    from nvrx.ft import RankMonitorClientError
+    from nvrx.ptl import FaultToleranceCallback, FaultToleranceSectionsCallback
+
+    from .conftest import tiny_fit
+
+    monkeypatch.setenv("NVRX_FT_MONITOR_SOCKET", str(tmp_path / "no-monitor.sock"))
+    for callback in (
+        FaultToleranceCallback(autoresume=False, calculate_timeouts=True),
+        FaultToleranceSectionsCallback(autoresume=False, calculate_timeouts=True),
+    ):
+        with pytest.raises(RankMonitorClientError, match=r"no-monitor\.sock"):
+            tiny_fit(tmp_path, [callback])
+        assert not callback.is_initialized
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("save_last", [True, False, "link"])
+def test_save_last_checkpoint_uses_the_callbacks_own_last_when_it_can(
+    tmp_path: Path, save_last: object
+) -> None:
+    """The only Lightning private names nvrx.ptl touches: ModelCheckpoint's
+    ``_monitor_candidates`` and ``_save_last_checkpoint`` (with ``save_last=True``)."""
+    import lightning.pytorch as pl
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from nvrx.ptl._compat import save_last_checkpoint
+
+    from .conftest import tiny_fit
+
+    saved: list[str | None] = []
+
+    class SaveAtStep3(pl.Callback):
+        def on_train_batch_end(self, trainer: pl.Trainer, *args: object) -> None:
+            if trainer.global_step == 3:
+                saved.append(save_last_checkpoint(trainer, trainer.checkpoint_callback))
+
+    ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=save_last, save_top_k=0)  # type: ignore[arg-type]
+    tiny_fit(tmp_path, [SaveAtStep3(), ckpt], max_steps=4)
+    name = "last.ckpt" if save_last is True else "last-straggler-stop-step=3.ckpt"
+    assert saved == [str(tmp_path / "ckpt" / name)]
+    assert (tmp_path / "ckpt" / name).is_file()

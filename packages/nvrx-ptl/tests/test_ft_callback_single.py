@@ -13,8 +13,9 @@ from typing import Any
 import lightning.pytorch as pl
 import pytest
 
+from nvrx.ft import RankMonitorClientError
 from nvrx.ptl import FaultToleranceCallback
-from nvrx.ptl.ft_state import FT_STATE_FILENAME
+from nvrx.ptl.ft_state import HEARTBEAT_STATE_FILENAME
 
 from .conftest import Monitor, Procs, run_training, tiny_fit
 
@@ -42,7 +43,7 @@ def _cfg(tmp_path: Path, **extra: object) -> dict[str, object]:
 
 
 def _state(tmp_path: Path) -> dict[str, object] | None:
-    path = tmp_path / "ft" / FT_STATE_FILENAME
+    path = tmp_path / "ft" / HEARTBEAT_STATE_FILENAME
     return json.loads(path.read_text()) if path.exists() else None
 
 
@@ -122,7 +123,9 @@ def test_without_a_monitor_setup_fails_clearly(
 ) -> None:
     monkeypatch.delenv("NVRX_FT_MONITOR_SOCKET", raising=False)
     callback = FaultToleranceCallback(autoresume=False, calculate_timeouts=True)
-    with pytest.raises(RuntimeError, match=r"NVRX_FT_MONITOR_SOCKET is not set.*ft_launcher"):
+    with pytest.raises(
+        RankMonitorClientError, match=r"NVRX_FT_MONITOR_SOCKET is not set.*ft_launcher"
+    ):
         tiny_fit(tmp_path, [callback])
     assert not callback.is_initialized
 
@@ -150,8 +153,23 @@ def test_autoresume_needs_the_flag_variable(
         ),
         (
             '{"current_timeouts": {"heartbeat": {"initial": -1, "subsequent": 2}}}',
-            r"Ignoring the FT state file .*bad timeout -1",
+            r"Ignoring the FT state file .*heartbeat.initial = -1 is not a timeout",
             "initial=300.00, subsequent=300.00, were_calculated=False",
+        ),
+        (
+            '{"current_timeouts": {"heartbeat": {"initial": Infinity, "subsequent": NaN}}}',
+            r"Ignoring the FT state file .*Infinity is not a timeout",
+            "initial=300.00, subsequent=300.00, were_calculated=False",
+        ),
+        (
+            '{"current_timeouts": {"heartbeat": ["initial", 5]}}',
+            r"Ignoring the FT state file .*heartbeat must be a JSON object",
+            "initial=300.00, subsequent=300.00, were_calculated=False",
+        ),
+        (  # NVRx 0.1/0.2's flat shape
+            '{"current_timeouts": {"initial": 70.5, "subsequent": 41.0, "were_calculated": true}}',
+            r"Fault tolerance timeouts loaded from",
+            "initial=70.50, subsequent=41.00, were_calculated=True",
         ),
         (
             json.dumps(
@@ -179,7 +197,7 @@ def test_state_file_is_loaded_or_ignored_clearly(
     monkeypatch.setenv("NVRX_FT_MONITOR_SOCKET", str(monitor.socket_path))
     exp_dir = tmp_path / "ft"
     exp_dir.mkdir()
-    (exp_dir / FT_STATE_FILENAME).write_text(content)
+    (exp_dir / HEARTBEAT_STATE_FILENAME).write_text(content)
     callback = FaultToleranceCallback(
         autoresume=False, calculate_timeouts=True, exp_dir=exp_dir, logger_name="test.ft"
     )
@@ -274,7 +292,7 @@ def test_a_failed_timeouts_update_never_fails_the_job(
 
     class BlockStateFile(pl.Callback):
         def on_train_start(self, *args: Any) -> None:
-            (exp_dir / FT_STATE_FILENAME).mkdir()  # the state file cannot be written now
+            (exp_dir / HEARTBEAT_STATE_FILENAME).mkdir()  # the state file cannot be written now
 
     first = FaultToleranceCallback(autoresume=True, calculate_timeouts=True, exp_dir=exp_dir)
     tiny_fit(tmp_path, [first], max_steps=4, ckpt_dir=ckpt_dir)

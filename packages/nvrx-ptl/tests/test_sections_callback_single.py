@@ -13,7 +13,7 @@ import pytest
 
 from nvrx.ft import WorkloadAction, WorkloadControlRequest
 from nvrx.ptl import FaultToleranceSectionsCallback
-from nvrx.ptl.ft_state import FT_STATE_FILENAME
+from nvrx.ptl.ft_state import SECTIONS_STATE_FILENAME
 
 from .conftest import Monitor, tiny_fit
 
@@ -67,7 +67,7 @@ class SectionProbe(pl.Callback):
 
 
 def _section_state(exp_dir: Path) -> dict[str, Any]:
-    state = json.loads((exp_dir / FT_STATE_FILENAME).read_text())
+    state = json.loads((exp_dir / SECTIONS_STATE_FILENAME).read_text())
     return state["current_timeouts"]["section"]  # type: ignore[no-any-return]
 
 
@@ -141,7 +141,9 @@ def test_exception_closes_sections_and_applies_the_policy(
     control = [e for e in monitor.events_seen() if e["event"] == "workload_control"]
     assert [e["action"] for e in control] == ["ShutdownWorkload"]
     assert not ft.is_initialized
-    assert not (tmp_path / "ft" / FT_STATE_FILENAME).exists(), "a failed job writes no timeouts"
+    assert not (tmp_path / "ft" / SECTIONS_STATE_FILENAME).exists(), (
+        "a failed job writes no timeouts"
+    )
 
 
 @pytest.mark.timeout(120)
@@ -185,3 +187,82 @@ def test_sections_and_straggler_callbacks_together(
     assert "Section 'SingleDeviceStrategy.training_step' relative performance" in caplog.text
     assert not ft.is_initialized
     assert not straggler.initialized
+
+
+@pytest.mark.timeout(120)
+def test_nvrx_sections_state_file_carries_over(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    make_monitor: Callable[..., Monitor],
+) -> None:
+    """``_ft_state_.json`` as NVRx's sections callback wrote it: its section timeouts apply;
+    heartbeat timeouts (which this callback never sends heartbeats for) are not loaded."""
+    monitor = make_monitor(**SECTION_CFG)
+    monkeypatch.setenv("NVRX_FT_MONITOR_SOCKET", str(monitor.socket_path))
+    exp_dir = tmp_path / "ft"
+    exp_dir.mkdir()
+    nvrx_state = {
+        "current_timeouts": {
+            "heartbeat": {"initial": 40.0, "subsequent": 35.0, "were_calculated": True},
+            "section": {
+                "section": {"setup": 250.5, "step": 120.25, "checkpointing": 300.0},
+                "out_of_section": 200.0,
+                "calculated_sections": ["setup", "step"],
+                "is_out_of_section_calculated": True,
+            },
+        }
+    }
+    assert FaultToleranceSectionsCallback.TIMEOUTS_FILENAME == "_ft_state_.json"
+    (exp_dir / "_ft_state_.json").write_text(json.dumps(nvrx_state))
+    ft = FaultToleranceSectionsCallback(
+        autoresume=False, calculate_timeouts=True, exp_dir=exp_dir, logger_name="test.carry"
+    )
+    seen: list[Any] = []
+
+    class Look(pl.Callback):
+        def on_train_start(self, *args: Any) -> None:
+            client = ft.fault_tol_client
+            assert client is not None
+            seen.append((client.section_timeouts, client.hb_timeouts))
+
+    with caplog.at_level(logging.INFO, logger="test.carry"):
+        tiny_fit(tmp_path, [ft, Look()], max_steps=2)
+    assert "Fault tolerance timeouts loaded from" in caplog.text, caplog.text
+    sections, heartbeats = seen[0]
+    assert sections.section["setup"] == pytest.approx(250.5)
+    assert sections.section["step"] == pytest.approx(120.25)
+    assert sections.out_of_section == pytest.approx(200.0)
+    assert heartbeats is None or not heartbeats.were_calculated, heartbeats
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    "content",
+    [
+        '{"current_timeouts": {"section": {"section": {"step": NaN}}}}',
+        '{"current_timeouts": {"section": "step:60"}}',
+        "[" * 50_000,
+    ],
+)
+def test_hostile_sections_state_falls_back_to_the_config(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    make_monitor: Callable[..., Monitor],
+    content: str,
+) -> None:
+    monitor = make_monitor(**SECTION_CFG)
+    monkeypatch.setenv("NVRX_FT_MONITOR_SOCKET", str(monitor.socket_path))
+    exp_dir = tmp_path / "ft"
+    exp_dir.mkdir()
+    (exp_dir / SECTIONS_STATE_FILENAME).write_text(content)
+    ft = FaultToleranceSectionsCallback(
+        autoresume=False, calculate_timeouts=True, exp_dir=exp_dir, logger_name="test.hostile"
+    )
+    with caplog.at_level(logging.INFO, logger="test.hostile"):
+        tiny_fit(tmp_path, [ft], max_steps=2)
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len([w for w in warnings if "Ignoring the FT state file" in w.getMessage()]) == 1
+    assert "using the timeouts of the FT config" in caplog.text
+    assert not ft.is_initialized

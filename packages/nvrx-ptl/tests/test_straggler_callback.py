@@ -9,13 +9,14 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 from lightning.pytorch.loggers import CSVLogger
 
 from nvrx.ptl import StragglerDetectionCallback
 from nvrx.ptl.straggler_scores import format_rank_scores, score_summary
 from nvrx.straggler import Detector
 
-from .conftest import Procs, results, run_ddp, tiny_fit
+from .conftest import Procs, probes, results, run_ddp, tiny_fit
 
 SLOW_FORWARD = "section_relative_perf/DDPStrategy.training_step/min"
 
@@ -51,6 +52,8 @@ def _cfg(tmp_path: Path, **extra: object) -> dict[str, object]:
         ({"num_gpu_perf_scores_to_print": -1}, "num_gpu_perf_scores_to_print"),
         ({"calc_relative_gpu_perf": False, "calc_individual_gpu_perf": False}, "calc_"),
         ({"gather_on_rank0": "yes"}, "gather_on_rank0"),
+        ({"stop_on_section_scores": 1}, "stop_on_section_scores"),
+        ({"stop_if_detected": "no"}, "stop_if_detected"),
     ],
 )
 def test_bad_arguments_name_the_field(kwargs: dict[str, object], field: str) -> None:
@@ -115,6 +118,8 @@ def test_single_process_logs_section_scores_to_csv(
 def test_slow_rank_is_flagged_logged_and_training_stopped_on_ddp(
     tmp_path: Path, procs: Procs
 ) -> None:
+    """Section stragglers stop the job only when opted in; the job then ends as NVRx's:
+    the last checkpoint is saved, then every rank exits with SystemExit(1)."""
     cfg = _cfg(
         tmp_path,
         slow_rank=1,
@@ -124,10 +129,11 @@ def test_slow_rank_is_flagged_logged_and_training_stopped_on_ddp(
             "report_time_interval": 1.0,
             "num_gpu_perf_scores_to_print": 3,
             "stop_if_detected": True,
+            "stop_on_section_scores": True,
         },
     )
     rc, out = run_ddp(procs, cfg)
-    assert rc == 0, out
+    assert rc != 0, out
     warnings = [line for line in out.splitlines() if "STRAGGLER DETECTION WARNING" in line]
     flagged = [w for w in warnings if "DDPStrategy.training_step" in w]
     assert flagged, out
@@ -139,15 +145,19 @@ def test_slow_rank_is_flagged_logged_and_training_stopped_on_ddp(
     assert rows, out
     assert all(float(r[SLOW_FORWARD]) < 0.7 for r in rows)
 
-    assert "Detected stragglers. Stopping training" in out
-    final = results(out)
-    assert len(final) == 2
-    steps = {r["global_step"] for r in final.values()}
-    assert len(steps) == 1, f"both ranks stop at the same step: {steps}"
-    (step,) = steps
-    assert 0 < int(step) < 1000  # type: ignore[call-overload]
-    saved = list((tmp_path / "ckpt").glob("last-straggler-stop-step=*.ckpt"))
-    assert [p.name for p in saved] == [f"last-straggler-stop-step={step}.ckpt"]
+    assert "Detected stragglers. Terminating training..." in out
+    assert not results(out), "fit does not return: the ranks exit with SystemExit(1)"
+    exits = probes(out, "exception")
+    assert sorted(str(e["rank"]) for e in exits) == ["0", "1"], out
+    assert all(e["error"] == "SystemExit(1)" for e in exits), exits
+    seen = [e["scores"] for e in exits]
+    assert seen[0], out
+    assert seen[0] == seen[1], f"every rank holds rank 0's scores: {seen}"
+    assert float(seen[0][SLOW_FORWARD]) < 0.7  # type: ignore[index]
+    saved = re.findall(r"Saved checkpoint (\S+) before stopping", out)
+    assert saved == [str(tmp_path / "ckpt" / "last.ckpt")], out  # ModelCheckpoint's own "last"
+    step = torch.load(saved[0], weights_only=False)["global_step"]
+    assert 0 < step < 1000
 
 
 @pytest.mark.slow
@@ -163,15 +173,16 @@ def test_without_gather_each_rank_judges_itself(tmp_path: Path, procs: Procs) ->
             "report_time_interval": 1.0,
             "gather_on_rank0": False,
             "stop_if_detected": True,
+            "stop_on_section_scores": True,
         },
     )
     rc, out = run_ddp(procs, cfg)
-    assert rc == 0, out
+    assert rc != 0, out
     warnings = [line for line in out.splitlines() if "STRAGGLER DETECTION WARNING" in line]
     assert warnings, out
     assert all("@rank1]" in w and "rank 1 (" in w for w in warnings), warnings
     assert "Rank=1 Node=" in out  # rank 1's own table
-    assert "Detected stragglers. Stopping training" in out, "rank 0 learns it through the reduce"
-    steps = {r["global_step"] for r in results(out).values()}
-    assert len(steps) == 1
-    assert 0 < int(next(iter(steps))) < 1000  # type: ignore[call-overload]
+    assert "Detected stragglers. Terminating training" in out, "rank 0 learns it from rank 1"
+    exits = probes(out, "exception")
+    assert sorted(str(e["rank"]) for e in exits) == ["0", "1"], out
+    assert all(e["error"] == "SystemExit(1)" for e in exits), exits

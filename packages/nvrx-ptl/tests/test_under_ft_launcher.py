@@ -1,7 +1,7 @@
 """The FT callbacks under a real ft_launcher: 2 DDP ranks on gloo, real monitors, restarts.
 
-These need the nvrx-ft-launcher distribution (not a dependency of nvrx-ptl); they are
-skipped where it is not installed.
+They need ``ft_launcher``: nvrx-ptl depends on nvrx-ft-launcher, so it is there
+wherever nvrx-ptl was installed with its dependencies (skipped otherwise).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from nvrx.ptl.ft_state import FT_STATE_FILENAME
+from nvrx.ptl.ft_state import HEARTBEAT_STATE_FILENAME
 
 from .conftest import Procs, probes, results, run_ft_launcher
 
@@ -89,7 +89,7 @@ def test_timeouts_over_three_jobs_and_finished_flag(tmp_path: Path, procs: Procs
         "--ft-rank-heartbeat-timeout=300",
         "--ft-safety-factor=30",
     ]
-    state_path = tmp_path / "ft" / FT_STATE_FILENAME
+    state_path = tmp_path / "ft" / HEARTBEAT_STATE_FILENAME
 
     rc, out = run_ft_launcher(procs, cfg, launcher_args, env=env)
     assert rc == 0, out

@@ -23,6 +23,7 @@ __all__ = [
     "Timer",
     "Trainer",
     "lightning_module",
+    "save_last_checkpoint",
 ]
 
 #: Environment variable that chooses the Lightning flavour when both are installed.
@@ -70,3 +71,31 @@ else:
     LightningModule = _pl.LightningModule
     Trainer = _pl.Trainer
     Timer = _pl.callbacks.Timer
+
+
+def save_last_checkpoint(trainer: Trainer, checkpoint_callback: object) -> str | None:
+    """Save a "last" checkpoint of the current step now; return its path (None: nowhere).
+
+    With ``save_last=True`` the checkpoint callback saves it under its own name
+    (``last.ckpt``, or NeMo's ``...-last`` naming, which NeMo's auto-resume looks
+    for) through ModelCheckpoint's private ``_monitor_candidates`` and
+    ``_save_last_checkpoint``, as NVRx does: the only Lightning private names nvrx.ptl
+    touches, tested in test_straggler_callback.py. Otherwise (no ``save_last``,
+    ``save_last="link"``, which would link an older checkpoint, or a callback without
+    those methods) the trainer saves ``last-straggler-stop-step=<N>.ckpt`` in the
+    callback's directory, which ``ckpt_path="last"`` also finds. Collective: call it
+    on every rank.
+    """
+    save_last = getattr(checkpoint_callback, "save_last", None)
+    monitor_candidates = getattr(checkpoint_callback, "_monitor_candidates", None)
+    save = getattr(checkpoint_callback, "_save_last_checkpoint", None)
+    if save_last is True and callable(monitor_candidates) and callable(save):
+        save(trainer, monitor_candidates(trainer))
+        path = getattr(checkpoint_callback, "last_model_path", None)
+        return str(path) if path else None
+    dirpath = getattr(checkpoint_callback, "dirpath", None)
+    if not dirpath:
+        return None
+    path = os.path.join(dirpath, f"last-straggler-stop-step={trainer.global_step}.ckpt")
+    trainer.save_checkpoint(path)
+    return path

@@ -13,7 +13,7 @@ from typing import Any
 from nvrx.ft import MONITOR_SOCKET_ENV, RankMonitorClient, RankMonitorClientError
 
 from ._compat import Callback, LightningModule, Timer, Trainer
-from .ft_state import FT_DIR_NAME, FT_STATE_FILENAME, FtStateError, load_ft_state, save_ft_state
+from .ft_state import FT_DIR_NAME, load_ft_state, save_ft_state
 from .simulated_fault import (
     SimulatedFault,
     SimulatedFaultParams,
@@ -64,6 +64,13 @@ def progress_from_trainer(trainer: Trainer) -> TrainingProgress:
 class FtCallbackBase(Callback):
     """Base of the FT callbacks: constructor arguments, set-up and shut-down of FT."""
 
+    #: Name of the FT state file in the FT directory (NVRx's name for the same callback).
+    TIMEOUTS_FILENAME: str
+    #: Directory of the FT state under ``trainer.log_dir`` when no ``exp_dir`` is given.
+    FT_DIR_NAME = FT_DIR_NAME
+    #: The part of the FT state this callback calculates and loads: "heartbeat" or "section".
+    _STATE_PART: str
+
     def __init__(
         self,
         autoresume: bool,
@@ -83,7 +90,7 @@ class FtCallbackBase(Callback):
             simulated_fault_params
         )
         self.exp_dir = Path(exp_dir) if exp_dir is not None else None
-        self.logger = logging.getLogger(logger_name or type(self).__module__)
+        self.logger = logging.getLogger(logger_name or f"nvrx.ptl.{type(self).__name__}")
         self.fault_tol_client: RankMonitorClient | None = None
         self.state_file_path: Path | None = None
         self.simulated_fault: SimulatedFault | None = None
@@ -125,7 +132,7 @@ class FtCallbackBase(Callback):
                 "autoresume loop), but it is not set. Set it, or use autoresume=False."
             )
         if not os.environ.get(MONITOR_SOCKET_ENV):
-            raise RuntimeError(
+            raise RankMonitorClientError(
                 f"{type(self).__name__} needs a rank monitor, but {MONITOR_SOCKET_ENV} is not "
                 "set: run the training with ft_launcher (a torchrun replacement), or remove the "
                 "callback to train without fault tolerance."
@@ -137,7 +144,7 @@ class FtCallbackBase(Callback):
         else:
             log_dir = trainer.log_dir
             base = Path(log_dir if log_dir is not None else trainer.default_root_dir)
-            ft_dir = base / FT_DIR_NAME
+            ft_dir = base / self.FT_DIR_NAME
             if self.calculate_timeouts and re.fullmatch(r"version_\d+", base.name):
                 self._log0(
                     logging.WARNING,
@@ -154,7 +161,7 @@ class FtCallbackBase(Callback):
         self._rank = trainer.global_rank
         self._is_rank0 = trainer.is_global_zero
         ft_dir = self._resolve_ft_dir(trainer)
-        self.state_file_path = ft_dir / FT_STATE_FILENAME
+        self.state_file_path = ft_dir / self.TIMEOUTS_FILENAME
         self._log0(logging.INFO, "Fault tolerance dir: %s", ft_dir)
         client = RankMonitorClient()
         client.init_workload_monitoring()
@@ -164,12 +171,23 @@ class FtCallbackBase(Callback):
         return client
 
     def _maybe_load_timeouts(self, client: RankMonitorClient, path: Path) -> None:
+        """Load the calculated timeouts of earlier jobs; a bad file never fails set-up."""
         try:
             state = load_ft_state(path)
             if state is None:
                 return
-            client.load_state_dict(state)
-        except (FtStateError, RankMonitorClientError) as exc:
+            current = state["current_timeouts"]
+            mine = {k: v for k, v in current.items() if k == self._STATE_PART}
+            if not mine:
+                self._log0(
+                    logging.INFO,
+                    "The FT state file %s holds no %s timeouts",
+                    path,
+                    self._STATE_PART,
+                )
+                return
+            client.load_state_dict({"current_timeouts": mine})
+        except Exception as exc:  # whatever is wrong with the file, the config's timeouts apply
             self._log0(
                 logging.WARNING,
                 "Ignoring the FT state file %s (%s); using the timeouts of the FT config",
@@ -220,10 +238,8 @@ class FtCallbackBase(Callback):
         finally:
             self._close()
 
-    def on_load_checkpoint(
-        self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]
-    ) -> None:
-        """Note that this job resumed from a checkpoint."""
+    def on_load_checkpoint(self, *args: Any, **kwargs: Any) -> None:
+        """Note that this job resumed from a checkpoint (any call shape, as NVRx's)."""
         if self.fault_tol_client is not None:
             self.state_machine.on_load_checkpoint()
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from ._compat import LightningModule, Trainer
 from ._ft_base import FtCallbackBase
+from .ft_state import HEARTBEAT_STATE_FILENAME
 from .simulated_fault import SimulatedFaultParams
 from .training_state import TrainingStateMachine
 
@@ -36,8 +37,17 @@ class FaultToleranceCallback(FtCallbackBase):
         exp_dir: directory of the FT state, shared by all the jobs of a training.
             Defaults to ``trainer.log_dir/ft_state`` (beware: Lightning may move or
             version its log dir, so prefer an explicit one).
-        logger_name: name of the logger used for this callback's messages.
+        logger_name: name of the logger of this callback's messages, under the
+            ``nvrx`` logger tree by default; pass NVRx's default
+            ``"nemo_logger.FaultToleranceCallback"`` to keep NeMo's logger names.
+
+    The calculated timeouts are kept in ``<exp_dir>/_ft_state.json``
+    (:attr:`TIMEOUTS_FILENAME`), NVRx's name for this callback's state, so timeouts
+    calculated under NVRx carry over. Hooks accept any call shape, as NVRx's do.
     """
+
+    TIMEOUTS_FILENAME = HEARTBEAT_STATE_FILENAME
+    _STATE_PART = "heartbeat"
 
     def __init__(
         self,
@@ -45,7 +55,7 @@ class FaultToleranceCallback(FtCallbackBase):
         calculate_timeouts: bool,
         simulated_fault_params: SimulatedFaultParams | dict[str, Any] | Any | None = None,
         exp_dir: str | os.PathLike[str] | None = None,
-        logger_name: str | None = "nemo_logger.FaultToleranceCallback",
+        logger_name: str | None = "nvrx.ptl.FaultToleranceCallback",
     ) -> None:
         super().__init__(
             autoresume=autoresume,
@@ -95,50 +105,33 @@ class FaultToleranceCallback(FtCallbackBase):
             client.send_heartbeat()
             self.state_machine.on_heartbeat_sent()
 
-    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+    def on_train_start(self, *args: Any, **kwargs: Any) -> None:
         """Heartbeat when training starts."""
         self._heartbeat()
 
-    def on_train_batch_end(
-        self,
-        trainer: Trainer,
-        pl_module: LightningModule,
-        outputs: Any,
-        batch: Any,
-        batch_idx: int,
-    ) -> None:
+    def on_train_batch_end(self, *args: Any, **kwargs: Any) -> None:
         """Heartbeat and count the iteration after each training batch."""
         if self.fault_tol_client is not None:
             self.state_machine.on_train_iteration()
             self._heartbeat()
 
-    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+    def on_train_end(self, *args: Any, **kwargs: Any) -> None:
         """Heartbeat when training ends."""
         self._heartbeat()
 
-    def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+    def on_validation_start(self, *args: Any, **kwargs: Any) -> None:
         """Heartbeat when validation starts."""
         self._heartbeat()
 
-    def on_validation_batch_end(
-        self,
-        trainer: Trainer,
-        pl_module: LightningModule,
-        outputs: Any,
-        batch: Any,
-        batch_idx: int,
-        dataloader_idx: int = 0,
-    ) -> None:
+    def on_validation_batch_end(self, *args: Any, **kwargs: Any) -> None:
         """Heartbeat after each validation batch."""
         self._heartbeat()
 
-    def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+    def on_validation_end(self, *args: Any, **kwargs: Any) -> None:
         """Heartbeat when validation ends."""
         self._heartbeat()
 
-    def on_save_checkpoint(
-        self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]
-    ) -> None:
+    def on_save_checkpoint(self, *args: Any, **kwargs: Any) -> None:
         """Note the save and heartbeat (back-to-back saves must not look like a hang)."""
         if self.fault_tol_client is not None:
             self.state_machine.on_save_checkpoint()

@@ -13,6 +13,7 @@ from nvrx.ft import RankMonitorClientError, WorkloadAction, WorkloadControlReque
 
 from ._compat import LightningModule, Trainer
 from ._ft_base import FtCallbackBase
+from .ft_state import SECTIONS_STATE_FILENAME
 from .simulated_fault import SimulatedFaultParams
 from .training_state import TrainingStateMachine, is_clean_stop
 
@@ -52,7 +53,16 @@ class FaultToleranceSectionsCallback(FtCallbackBase):
     checkpoint save and at the end of the job: 'setup' once a checkpoint was loaded,
     'step' after more than 16 iterations, 'checkpointing' once a (synchronous) save
     completed, and the out-of-section timeout at the end of a job that saw all three.
+    They are kept in ``<exp_dir>/_ft_state_.json`` (:attr:`TIMEOUTS_FILENAME`), NVRx's
+    name for this callback's state, so timeouts calculated under NVRx carry over.
+
+    The default logger is ``nvrx.ptl.FaultToleranceSectionsCallback``; NVRx's default
+    was ``"nemo_logger.FaultToleranceCallback"`` (pass it as ``logger_name`` to keep
+    it). Hooks accept the call shapes NVRx's accept.
     """
+
+    TIMEOUTS_FILENAME = SECTIONS_STATE_FILENAME
+    _STATE_PART = "section"
 
     def __init__(
         self,
@@ -60,7 +70,7 @@ class FaultToleranceSectionsCallback(FtCallbackBase):
         calculate_timeouts: bool,
         simulated_fault_params: SimulatedFaultParams | dict[str, Any] | Any | None = None,
         exp_dir: str | os.PathLike[str] | None = None,
-        logger_name: str | None = "nemo_logger.FaultToleranceSectionsCallback",
+        logger_name: str | None = "nvrx.ptl.FaultToleranceSectionsCallback",
         exc_handling_policy: Callable[[BaseException], WorkloadControlRequest] | None = None,
     ) -> None:
         super().__init__(
@@ -171,6 +181,15 @@ class FaultToleranceSectionsCallback(FtCallbackBase):
         self._wrap_strategy(trainer)
         self._start_section("setup")
 
+    def on_exception(
+        self, trainer: Trainer, pl_module: LightningModule, exc: BaseException
+    ) -> None:
+        """An exception ends fit: update timeouts (not after a failure), apply the policy.
+
+        The argument is named ``exc``, as in NVRx's FaultToleranceSectionsCallback.
+        """
+        super().on_exception(trainer, pl_module, exc)
+
     def _last_report(self, exception: BaseException | None) -> None:
         """Close 'setup', update timeouts (not after a failure), apply the exception policy."""
         self._close_setup_section()
@@ -220,23 +239,14 @@ class FaultToleranceSectionsCallback(FtCallbackBase):
 
     # -- progress ----------------------------------------------------------------------------
 
-    def on_train_batch_start(
-        self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int
-    ) -> None:
+    def on_train_batch_start(self, *args: Any, **kwargs: Any) -> None:
         """First batch ends 'setup'; count iterations."""
         if self.fault_tol_client is None:
             return
         self._close_setup_section()
         self.state_machine.on_train_iteration()
 
-    def on_train_batch_end(
-        self,
-        trainer: Trainer,
-        pl_module: LightningModule,
-        outputs: Any,
-        batch: Any,
-        batch_idx: int,
-    ) -> None:
+    def on_train_batch_end(self, trainer: Trainer, *args: Any, **kwargs: Any) -> None:
         """After a completed checkpoint save, update the timeouts."""
         if self.fault_tol_client is None:
             return
@@ -244,22 +254,13 @@ class FaultToleranceSectionsCallback(FtCallbackBase):
             self._update_timeouts_safely(lambda: self._maybe_update_timeouts(is_final=False))
             self.last_timeouts_upd_iter = trainer.global_step
 
-    def on_validation_batch_start(
-        self,
-        trainer: Trainer,
-        pl_module: LightningModule,
-        batch: Any,
-        batch_idx: int,
-        dataloader_idx: int = 0,
-    ) -> None:
+    def on_validation_batch_start(self, *args: Any, **kwargs: Any) -> None:
         """The first validation batch (e.g. a sanity check) also ends 'setup'."""
         if self.fault_tol_client is None:
             return
         self._close_setup_section()
 
-    def on_save_checkpoint(
-        self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]
-    ) -> None:
+    def on_save_checkpoint(self, trainer: Trainer, *args: Any, **kwargs: Any) -> None:
         """Note the iteration of the last checkpoint."""
         if self.fault_tol_client is not None:
             self.seen_checkpoint_save = True

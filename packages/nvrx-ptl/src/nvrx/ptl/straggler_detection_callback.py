@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 import time
 from collections.abc import Callable, Iterable, Mapping
 from contextlib import AbstractContextManager
@@ -12,7 +11,8 @@ from typing import Any
 
 from nvrx.straggler import Detector, Report
 
-from ._compat import Callback, LightningModule, Trainer
+from ._compat import Callback, LightningModule, Trainer, save_last_checkpoint
+from ._verdict import share_verdict
 from .straggler_scores import format_rank_scores, score_summary
 
 __all__ = ["STEP_SECTION", "StragglerDetectionCallback"]
@@ -45,7 +45,9 @@ class StragglerDetectionCallback(Callback):
     Scores run from 0 to 1 (1: as fast as the reference; 0.5: twice as slow). GPU
     scores need CUPTI (``nvrx-straggler[cupti]``) and a GPU; section scores work
     everywhere. A rank is a straggler when a score is below its threshold; a
-    threshold of 0 turns that check off.
+    threshold of 0 turns that check off. As in NVRx, only GPU stragglers stop the
+    training (``stop_if_detected``); section stragglers are logged, and stop it too
+    with ``stop_on_section_scores=True``.
 
     Args:
         report_time_interval: seconds between reports (a report is a collective).
@@ -56,18 +58,30 @@ class StragglerDetectionCallback(Callback):
         num_gpu_perf_scores_to_print: ranks shown in each score table (0: no tables).
         gpu_relative_perf_threshold: straggler threshold of relative GPU scores.
         gpu_individual_perf_threshold: straggler threshold of individual GPU scores.
-        stop_if_detected: stop training when a straggler is found: every rank saves
-            a checkpoint (``last-straggler-stop-step=N.ckpt`` in the ModelCheckpoint
-            directory, so ``ckpt_path="last"`` resumes from it) and fit returns.
-        enable_ptl_logging: send score summaries to the Trainer's loggers.
+        stop_if_detected: end the job when a GPU straggler is found, as NVRx does:
+            with a checkpoint callback, the last checkpoint is saved (the callback's
+            own ``last`` checkpoint with ``save_last=True``, else
+            ``last-straggler-stop-step=N.ckpt`` in its directory), then every rank
+            raises ``SystemExit(1)`` (so the rank fails, and ``ft_launcher`` restarts
+            it if restarts are left); without one, ``trainer.should_stop`` is set and
+            fit returns.
+        enable_ptl_logging: log min/median/max of each score (``gpu_relative_perf/min``
+            ...) through ``pl_module.log_dict`` on every rank (rank 0's values), so
+            they are in ``trainer.callback_metrics`` for EarlyStopping and
+            ModelCheckpoint, and send them to the Trainer's loggers at the report's step.
         profiling_interval: time one step in this many (reduces overhead).
-        logger_name: name of the logger used for this callback's messages.
+        logger_name: name of the logger of this callback's messages, under the ``nvrx``
+            logger tree by default; NVRx's was
+            ``"nemo_logger.StragglerDetectionCallback"`` (pass it to keep it).
         section_relative_perf_threshold: straggler threshold of relative section scores.
         section_individual_perf_threshold: straggler threshold of individual section
             scores.
         gather_on_rank0: gather every rank's scores on rank 0, which reports for the
             job (default). With False nothing is gathered: each rank judges and logs
             only itself, and the loggers get rank 0's own scores.
+        stop_on_section_scores: with ``stop_if_detected``, section stragglers (below
+            the section thresholds) stop the training too, not only GPU stragglers.
+            Needed where there are no GPU scores (no GPU, or no CUPTI).
     """
 
     def __init__(
@@ -81,10 +95,11 @@ class StragglerDetectionCallback(Callback):
         stop_if_detected: bool = False,
         enable_ptl_logging: bool = True,
         profiling_interval: int = 1,
-        logger_name: str | None = "nemo_logger.StragglerDetectionCallback",
+        logger_name: str | None = "nvrx.ptl.StragglerDetectionCallback",
         section_relative_perf_threshold: float = 0.7,
         section_individual_perf_threshold: float = 0.7,
         gather_on_rank0: bool = True,
+        stop_on_section_scores: bool = False,
     ) -> None:
         super().__init__()
         if (
@@ -131,10 +146,18 @@ class StragglerDetectionCallback(Callback):
         if not isinstance(gather_on_rank0, bool):
             raise ValueError(f"gather_on_rank0 must be a bool, got {gather_on_rank0!r}")
         self.gather_on_rank0 = gather_on_rank0
+        for name, flag in (
+            ("stop_if_detected", stop_if_detected),
+            ("enable_ptl_logging", enable_ptl_logging),
+            ("stop_on_section_scores", stop_on_section_scores),
+        ):
+            if not isinstance(flag, bool):
+                raise ValueError(f"{name} must be a bool, got {flag!r}")
+        self.stop_on_section_scores = stop_on_section_scores
         self.stop_if_detected = stop_if_detected
         self.enable_ptl_logging = enable_ptl_logging
         self.profiling_interval = profiling_interval
-        self.logger = logging.getLogger(logger_name or __name__)
+        self.logger = logging.getLogger(logger_name or "nvrx.ptl.StragglerDetectionCallback")
         self.initialized = False
         #: The latest report this rank received (None before the first one); rank 0
         #: holds every rank's scores when ``gather_on_rank0`` is True.
@@ -268,19 +291,26 @@ class StragglerDetectionCallback(Callback):
         if not Detector.is_interval_elapsed():
             return
         found = False
+        scores: dict[str, float] = {}
         if report is not None and (trainer.is_global_zero or not self.gather_on_rank0):
-            found = self._handle_report(trainer, report)
-        if self.stop_if_detected and trainer.strategy.reduce_boolean_decision(found, all=False):
-            self._stop_training(trainer)
+            found, scores = self._handle_report(report)
+        if self.stop_if_detected or self.enable_ptl_logging:
+            verdict = share_verdict(trainer, found, scores)  # a collective: every rank
+            found, scores = verdict.found, verdict.scores
+        if self.enable_ptl_logging and scores:
+            self._log_scores(trainer, pl_module, scores)
         self._log0(
             logging.INFO,
             "Straggler report processing time: %.3f s",
             time.monotonic() - started,
         )
+        if self.stop_if_detected and found:
+            self._stop_training(trainer)
 
     # -- reports -----------------------------------------------------------------------------
 
-    def _handle_report(self, trainer: Trainer, report: Report) -> bool:
+    def _handle_report(self, report: Report) -> tuple[bool, dict[str, float]]:
+        """Log the report; return (a straggler that stops training was found, score summary)."""
         self.last_report = report
         stragglers = report.identify_stragglers(
             gpu_rel_threshold=self.gpu_relative_perf_threshold,
@@ -288,10 +318,10 @@ class StragglerDetectionCallback(Callback):
             gpu_indiv_threshold=self.gpu_individual_perf_threshold,
             section_indiv_threshold=self.section_individual_perf_threshold,
         )
-        found = False
+        gpu_found = section_found = False
         warn = logging.WARNING
         if stragglers["straggler_gpus_relative"]:
-            found = True
+            gpu_found = True
             self._log_report(
                 warn,
                 "STRAGGLER DETECTION WARNING: Some GPUs have worse relative performance. "
@@ -299,14 +329,14 @@ class StragglerDetectionCallback(Callback):
                 _ranks(stragglers["straggler_gpus_relative"]),
             )
         if stragglers["straggler_gpus_individual"]:
-            found = True
+            gpu_found = True
             self._log_report(
                 warn,
                 "STRAGGLER DETECTION WARNING: Some GPUs performance dropped. Affected ranks: %s",
                 _ranks(stragglers["straggler_gpus_individual"]),
             )
         for section, ids in sorted(stragglers["straggler_sections_relative"].items()):
-            found = True
+            section_found = True
             self._log_report(
                 warn,
                 "STRAGGLER DETECTION WARNING: Section %r is slower on some ranks than on the "
@@ -315,7 +345,7 @@ class StragglerDetectionCallback(Callback):
                 _ranks(ids),
             )
         for section, ids in sorted(stragglers["straggler_sections_individual"].items()):
-            found = True
+            section_found = True
             self._log_report(
                 warn,
                 "STRAGGLER DETECTION WARNING: Section %r got slower than its own best on some "
@@ -355,9 +385,8 @@ class StragglerDetectionCallback(Callback):
             ]
             if tables:
                 self._log_report(logging.INFO, "Straggler report:\n%s", "".join(tables))
-        if self.enable_ptl_logging:
-            self._log_to_loggers(trainer, score_sets)
-        return found
+        found = gpu_found or (self.stop_on_section_scores and section_found)
+        return found, self._summary(score_sets) if self.enable_ptl_logging else {}
 
     def _score_sets(self, report: Report) -> list[tuple[str, str, Mapping[int, float]]]:
         """Every score kind of the report: (display title, metric prefix, scores)."""
@@ -377,35 +406,57 @@ class StragglerDetectionCallback(Callback):
                 )
         return out
 
-    def _log_to_loggers(
-        self, trainer: Trainer, score_sets: list[tuple[str, str, Mapping[int, float]]]
-    ) -> None:
+    @staticmethod
+    def _summary(score_sets: list[tuple[str, str, Mapping[int, float]]]) -> dict[str, float]:
+        """``{"<prefix>/min" | "/median" | "/max": value}`` over each score set's finite scores."""
         metrics: dict[str, float] = {}
         for _, prefix, scores in score_sets:
             for stat, value in score_summary(scores).items():
                 metrics[f"{prefix}/{stat}"] = value
-        if not metrics:
+        return metrics
+
+    def _log_scores(
+        self, trainer: Trainer, pl_module: LightningModule, scores: dict[str, float]
+    ) -> None:
+        """Scores into ``callback_metrics`` on every rank, and to the loggers from rank 0."""
+        try:
+            pl_module.log_dict(scores, logger=False, batch_size=1)
+        except Exception as exc:  # a logging failure must not stop training
+            self._log0(logging.WARNING, "Failed to log straggler scores: %s", exc)
+        if not trainer.is_global_zero:
             return
         for pl_logger in trainer.loggers:
             try:
-                pl_logger.log_metrics(metrics, step=trainer.global_step)
-            except Exception as exc:  # a logger failure must not stop training
+                pl_logger.log_metrics(scores, step=trainer.global_step)
+            except Exception as exc:
                 self._log0(logging.WARNING, "Failed to log straggler scores: %s", exc)
 
     def _stop_training(self, trainer: Trainer) -> None:
-        """Save a checkpoint on every rank, then let fit return."""
-        self._log0(logging.ERROR, "Detected stragglers. Stopping training...")
-        dirpath = getattr(trainer.checkpoint_callback, "dirpath", None)
-        if dirpath:
-            path = os.path.join(dirpath, f"last-straggler-stop-step={trainer.global_step}.ckpt")
-            trainer.save_checkpoint(path, weights_only=False)
-            self._log0(logging.INFO, "Saved checkpoint %s before stopping", path)
-        else:
+        """End the job as NVRx does: save the last checkpoint, then ``SystemExit(1)``.
+
+        Runs on every rank at the same report (the verdict is shared). Without a
+        checkpoint callback it only sets ``trainer.should_stop``, as NVRx does.
+        """
+        self._log0(logging.ERROR, "Detected stragglers. Terminating training...")
+        trainer.should_stop = True
+        checkpoint_callback = trainer.checkpoint_callback
+        if checkpoint_callback is None:
             self._log0(
                 logging.WARNING,
-                "No ModelCheckpoint directory: stopping without saving a checkpoint",
+                "No checkpoint callback: training stops at the end of this step, no checkpoint",
             )
-        trainer.should_stop = True
+            return
+        path = save_last_checkpoint(trainer, checkpoint_callback)
+        checkpoint_io = trainer.strategy.checkpoint_io
+        finalize = getattr(checkpoint_io, "maybe_finalize_save_checkpoint", None)
+        if callable(finalize):
+            self._log0(logging.INFO, "Async checkpointing detected, waiting for it to complete...")
+            finalize(blocking=True)
+        if path is None:
+            self._log0(logging.WARNING, "The checkpoint callback has no directory: nothing saved")
+        else:
+            self._log0(logging.INFO, "Saved checkpoint %s before stopping", path)
+        raise SystemExit(1)
 
 
 def _restore(obj: object, name: str, original: object, wrapper: object) -> None:
