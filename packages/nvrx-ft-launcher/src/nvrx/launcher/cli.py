@@ -349,18 +349,20 @@ def add_launcher_options(parser: argparse.ArgumentParser) -> None:
     _read_pet_environment([a for a in parser._actions if id(a) not in before])
 
 
-def _from_environment(action: argparse.Action, variable: str) -> Callable[[str], Any]:
-    """The option's type, with the variable named when the value is refused."""
+def _from_environment(action: argparse.Action, variable: str, given: str) -> Callable[[str], Any]:
+    """The option's type, naming the variable when it refuses the variable's value."""
     convert: Callable[[str], Any] = action.type if callable(action.type) else str
 
     def checked(text: str) -> Any:
         try:
             value = convert(text)
         except (argparse.ArgumentTypeError, ValueError) as exc:
+            if text != given:  # a value from the command line
+                raise
             raise argparse.ArgumentTypeError(
                 f"{exc} (from the environment variable {variable})"
             ) from None
-        if action.choices is not None and value not in action.choices:
+        if text == given and action.choices is not None and value not in action.choices:
             raise argparse.ArgumentTypeError(
                 f"invalid value {text!r} from the environment variable {variable}: "
                 f"expected one of {', '.join(map(str, action.choices))}"
@@ -387,7 +389,7 @@ def _read_pet_environment(actions: Sequence[argparse.Action]) -> None:
         if action.nargs == 0:  # a flag: torchrun reads 0/1
             action.default = text.strip().lower() not in ("", "0", "false", "no", "off")
             continue
-        action.type = _from_environment(action, variable)
+        action.type = _from_environment(action, variable, text)
         action.default = text
 
 
