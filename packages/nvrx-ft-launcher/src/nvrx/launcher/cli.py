@@ -219,6 +219,10 @@ def _add_deprecated_ft_aliases(parser: argparse.ArgumentParser) -> None:
     )
 
 
+class _YamlDefault(int):
+    """An option's default that the --ft-cfg-path YAML may replace (a given value is an int)."""
+
+
 def _add_restart_options(parser: argparse.ArgumentParser) -> None:
     restart = parser.add_argument_group(
         "restarts and supervision",
@@ -278,19 +282,19 @@ def _add_restart_options(parser: argparse.ArgumentParser) -> None:
         "--ft-max_no_progress_cycles",
         dest="ft_max_no_progress_restarts",
         type=_NO_PROGRESS_COUNT,
-        default=None,
+        default=_YamlDefault(3),
         help="stop with --ft-no-restart-exit-code when ranks fail again after this many "
         "consecutive restarts that made no progress (needs --ft-progress-file; 0 or -1 "
-        "disables; default: max_no_progress_cycles of --ft-cfg-path, else 3)",
+        "disables; max_no_progress_cycles in --ft-cfg-path when not given)",
     )
     restart.add_argument(
         "--ft-min-progress-iterations",
         "--ft-min_progress_iterations",
         dest="ft_min_progress_iterations",
         type=_POSITIVE,
-        default=None,
+        default=_YamlDefault(1),
         help="how far the value in --ft-progress-file must move for a cycle to count as "
-        "progress (default: min_progress_iterations of --ft-cfg-path, else 1)",
+        "progress (min_progress_iterations in --ft-cfg-path when not given)",
     )
     restart.add_argument(
         "--ft-progress-file",
@@ -491,9 +495,9 @@ def _options(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Launc
 
 def _progress_rule_from_config(args: argparse.Namespace, cfg: FaultToleranceConfig) -> None:
     """NVRx reads the progress rule from the YAML too: an option given wins over it."""
-    if args.ft_max_no_progress_restarts is None:
+    if isinstance(args.ft_max_no_progress_restarts, _YamlDefault):
         args.ft_max_no_progress_restarts = cfg.max_no_progress_cycles
-    if args.ft_min_progress_iterations is None:
+    if isinstance(args.ft_min_progress_iterations, _YamlDefault):
         args.ft_min_progress_iterations = max(1, cfg.min_progress_iterations)
     if args.ft_progress_file is None:
         args.ft_progress_file = cfg.checkpoint_iteration_file
