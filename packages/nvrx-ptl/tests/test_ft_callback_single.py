@@ -153,17 +153,17 @@ def test_autoresume_needs_the_flag_variable(
         ),
         (
             '{"current_timeouts": {"heartbeat": {"initial": -1, "subsequent": 2}}}',
-            r"Ignoring the FT state file .*heartbeat.initial = -1 is not a timeout",
+            r"Ignoring the FT state file .*initial is -1: must be finite, > 0",
             "initial=300.00, subsequent=300.00, were_calculated=False",
         ),
         (
             '{"current_timeouts": {"heartbeat": {"initial": Infinity, "subsequent": NaN}}}',
-            r"Ignoring the FT state file .*Infinity is not a timeout",
+            r"Ignoring the FT state file .*Infinity, which is not a number of seconds",
             "initial=300.00, subsequent=300.00, were_calculated=False",
         ),
         (
             '{"current_timeouts": {"heartbeat": ["initial", 5]}}',
-            r"Ignoring the FT state file .*heartbeat must be a JSON object",
+            r"Ignoring the FT state file .*heartbeat is a list, not a mapping",
             "initial=300.00, subsequent=300.00, were_calculated=False",
         ),
         (  # NVRx 0.1/0.2's flat shape

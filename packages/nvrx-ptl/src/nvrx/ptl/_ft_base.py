@@ -13,7 +13,7 @@ from typing import Any
 from nvrx.ft import MONITOR_SOCKET_ENV, RankMonitorClient, RankMonitorClientError
 
 from ._compat import Callback, LightningModule, Timer, Trainer
-from .ft_state import FT_DIR_NAME, load_ft_state, save_ft_state
+from .ft_state import FT_DIR_NAME, StatePart, load_ft_state, save_ft_state
 from .simulated_fault import (
     SimulatedFault,
     SimulatedFaultParams,
@@ -68,8 +68,8 @@ class FtCallbackBase(Callback):
     TIMEOUTS_FILENAME: str
     #: Directory of the FT state under ``trainer.log_dir`` when no ``exp_dir`` is given.
     FT_DIR_NAME = FT_DIR_NAME
-    #: The part of the FT state this callback calculates and loads: "heartbeat" or "section".
-    _STATE_PART: str
+    #: The part of the FT state this callback calculates and loads.
+    _STATE_PART: StatePart
 
     def __init__(
         self,
@@ -173,20 +173,10 @@ class FtCallbackBase(Callback):
     def _maybe_load_timeouts(self, client: RankMonitorClient, path: Path) -> None:
         """Load the calculated timeouts of earlier jobs; a bad file never fails set-up."""
         try:
-            state = load_ft_state(path)
+            state = load_ft_state(path, self._STATE_PART)
             if state is None:
                 return
-            current = state["current_timeouts"]
-            mine = {k: v for k, v in current.items() if k == self._STATE_PART}
-            if not mine:
-                self._log0(
-                    logging.INFO,
-                    "The FT state file %s holds no %s timeouts",
-                    path,
-                    self._STATE_PART,
-                )
-                return
-            client.load_state_dict({"current_timeouts": mine})
+            client.load_state_dict(state)
         except Exception as exc:  # whatever is wrong with the file, the config's timeouts apply
             self._log0(
                 logging.WARNING,
