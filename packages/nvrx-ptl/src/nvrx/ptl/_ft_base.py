@@ -180,7 +180,8 @@ class FtCallbackBase(Callback):
         except Exception as exc:  # whatever is wrong with the file, the config's timeouts apply
             self._log0(
                 logging.WARNING,
-                "Ignoring the FT state file %s (%s); using the timeouts of the FT config",
+                "Ignoring the FT state file %s, not an FT state nvrx can use (%s); "
+                "using the timeouts of the FT config",
                 path,
                 exc,
             )

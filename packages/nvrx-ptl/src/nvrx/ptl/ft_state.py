@@ -29,6 +29,7 @@ from nvrx.ft import FtStateError, read_timeouts_state_file
 
 __all__ = [
     "FT_DIR_NAME",
+    "FT_STATE_FILENAME",
     "HEARTBEAT_STATE_FILENAME",
     "SECTIONS_STATE_FILENAME",
     "FtStateError",
@@ -43,12 +44,16 @@ FT_DIR_NAME = "ft_state"
 HEARTBEAT_STATE_FILENAME = "_ft_state.json"
 #: State file of FaultToleranceSectionsCallback (NVRx's, with its trailing underscore).
 SECTIONS_STATE_FILENAME = "_ft_state_.json"
+#: Earlier name of :data:`HEARTBEAT_STATE_FILENAME` (kept: tests-integration uses it).
+FT_STATE_FILENAME = HEARTBEAT_STATE_FILENAME
 
 #: The part of an FT state a callback calculates and loads.
 StatePart = Literal["heartbeat", "section"]
 
 
-def load_ft_state(path: str | os.PathLike[str], part: StatePart) -> dict[str, Any] | None:
+def load_ft_state(
+    path: str | os.PathLike[str], part: StatePart = "heartbeat"
+) -> dict[str, Any] | None:
     """Read and validate a state file; return a ``load_state_dict`` input with ``part`` only.
 
     None when there is no file, or it holds no ``part`` timeouts. Raises FtStateError,
