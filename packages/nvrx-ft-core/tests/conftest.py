@@ -136,7 +136,7 @@ def start_monitor(
         sock = runtime_dir / f"monitor-{local_rank}.sock"
         log = tmp_path / f"monitor-{local_rank}-{len(started)}.log"
         with log.open("wb") as stream:
-            proc = RankMonitorServer.run_in_subprocess(
+            proc = RankMonitorServer.start_in_subprocess(
                 cfg, sock, local_rank=local_rank, events_socket=events.path, stderr=stream.fileno()
             )
         started.append(proc)

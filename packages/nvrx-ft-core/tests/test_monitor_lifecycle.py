@@ -51,7 +51,7 @@ def test_monitor_refuses_a_shared_directory(
     shared = tmp_path / "shared"
     shared.mkdir()
     shared.chmod(0o755)
-    proc = RankMonitorServer.run_in_subprocess(
+    proc = RankMonitorServer.start_in_subprocess(
         make_config(), shared / "monitor-0.sock", stderr=subprocess.DEVNULL
     )
     try:
@@ -87,7 +87,7 @@ def test_second_monitor_on_a_live_socket_fails(
     runtime_dir: pathlib.Path, start_monitor: MonitorFactory, make_config: MakeConfig
 ) -> None:
     start_monitor(make_config())
-    other = RankMonitorServer.run_in_subprocess(
+    other = RankMonitorServer.start_in_subprocess(
         make_config(), runtime_dir / "monitor-0.sock", stderr=subprocess.DEVNULL
     )
     try:

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     )
     from nvrx.ft.events import MonitorEvent, parse_monitor_event
     from nvrx.ft.health import HealthError
+    from nvrx.ft.liveness import beat_age as monitor_beat_age
     from nvrx.ft.runtime import create_runtime_dir
     from nvrx.ft.server import RANK_MONITOR_INIT_TIMEOUT, MonitorProcess, RankMonitorServer
     from nvrx.ft.state import (
@@ -60,6 +61,7 @@ _WHERE = {
     "parse_monitor_event": "events",
     "HealthError": "health",
     "create_runtime_dir": "runtime",
+    "monitor_beat_age": "liveness",
     "RANK_MONITOR_INIT_TIMEOUT": "server",
     "MonitorProcess": "server",
     "RankMonitorServer": "server",
@@ -71,6 +73,9 @@ _WHERE = {
     "TimeoutsCalc": "timeouts_calc",
     "TimeoutsCalcError": "timeouts_calc",
 }
+
+#: Public names that differ from the name in their module.
+_RENAMED = {"monitor_beat_age": "beat_age"}
 
 __all__ = [
     "CLI_NONE",
@@ -98,6 +103,7 @@ __all__ = [
     "add_config_arguments",
     "add_ft_arguments",
     "create_runtime_dir",
+    "monitor_beat_age",
     "parse_monitor_event",
     "parse_timeouts_state",
     "read_timeouts_state_file",
@@ -111,7 +117,8 @@ def __getattr__(name: str) -> Any:
 
         value: Any = version("nvrx-ft-core")
     elif name in _WHERE:
-        value = getattr(importlib.import_module(f"nvrx.ft.{_WHERE[name]}"), name)
+        attr = _RENAMED.get(name, name)
+        value = getattr(importlib.import_module(f"nvrx.ft.{_WHERE[name]}"), attr)
     else:
         raise AttributeError(f"module 'nvrx.ft' has no attribute {name!r}")
     globals()[name] = value

@@ -16,6 +16,7 @@ import logging
 import os
 import select
 import socket
+import struct
 import sys
 import threading
 import time
@@ -86,6 +87,16 @@ def _connect(sock: socket.socket, path: str) -> None:
             if time.monotonic() >= deadline:
                 raise
             time.sleep(0.02)
+
+
+def _check_peer_is_us(sock: socket.socket, path: str) -> None:
+    """The monitor must run as our user (as the monitor checks us), or we talk to no one."""
+    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    _pid, uid, _gid = struct.unpack("3i", raw)
+    if uid != os.getuid():
+        raise ProtocolError(
+            f"the process listening on {path} runs as uid {uid}, not ours ({os.getuid()})"
+        )
 
 
 def _dist_ready() -> bool:
@@ -176,6 +187,7 @@ class RankMonitorClient:
         sock.settimeout(_CONTROL_TIMEOUT_S)
         try:
             _connect(sock, path)
+            _check_peer_is_us(sock, path)
             sock.sendall(
                 encode_frame(
                     {

@@ -19,6 +19,7 @@ __all__ = [
     "EVENT_CAUSES",
     "EVENT_KINDS",
     "EVENT_VERSION",
+    "MAX_EVENT_BYTES",
     "EventSender",
     "MonitorEvent",
     "parse_monitor_event",
@@ -39,7 +40,9 @@ EVENT_CAUSES = frozenset(
     }
 )
 _ACTIONS = frozenset({"Continue", "ExcludeThisNode", "ShutdownWorkload"})
-_MAX_EVENT_BYTES = 16 * 1024
+#: Largest event datagram. A monitor refuses (does not acknowledge) a request whose
+#: event would be larger; the launcher reads datagrams of up to this size.
+MAX_EVENT_BYTES = 16 * 1024
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,7 +65,13 @@ class MonitorEvent:
     def to_bytes(self) -> bytes:
         """The datagram for this event (``None`` fields left out)."""
         body = {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
-        return json.dumps(body, separators=(",", ":"), allow_nan=False).encode("utf-8")
+        data = json.dumps(body, separators=(",", ":"), allow_nan=False, ensure_ascii=False)
+        encoded = data.encode("utf-8")  # a lone surrogate is a UnicodeEncodeError (ValueError)
+        if len(encoded) > MAX_EVENT_BYTES:
+            raise ValueError(
+                f"{self.event} event of {len(encoded)} bytes exceeds {MAX_EVENT_BYTES}"
+            )
+        return encoded
 
 
 def _require(cond: bool, why: str) -> None:
@@ -72,9 +81,11 @@ def _require(cond: bool, why: str) -> None:
 
 def parse_monitor_event(data: bytes) -> MonitorEvent:
     """Validate and parse one datagram; a ValueError says what is wrong with it."""
-    _require(len(data) <= _MAX_EVENT_BYTES, f"{len(data)} bytes is too long")
+    _require(len(data) <= MAX_EVENT_BYTES, f"{len(data)} bytes is too long")
     try:
         body = json.loads(data.decode("utf-8"))
+    except RecursionError:
+        raise ValueError("bad monitor event: nested too deeply") from None
     except (UnicodeDecodeError, ValueError) as exc:
         raise ValueError(f"bad monitor event: not UTF-8 JSON ({exc})") from None
     _require(isinstance(body, dict), "not a JSON object")
@@ -140,7 +151,7 @@ class EventSender:
             return False
         try:
             self._sock.sendto(event.to_bytes(), self._path)
-        except OSError as exc:
+        except (OSError, ValueError) as exc:
             if not self._warned:
                 self._warned = True
                 self._logger.warning(

@@ -1,8 +1,13 @@
 """The rank-to-monitor control channel: length-prefixed JSON frames over a Unix socket.
 
 A frame is a 4-byte big-endian payload length, then that many bytes of UTF-8 JSON
-holding one object with a ``type``. Nothing is ever unpickled. A frame over
-:data:`MAX_MESSAGE_BYTES` is rejected before it is read.
+holding one object with a ``type``. Nothing is ever unpickled. The limits are stated
+here once and used by both sides: a frame over :data:`MAX_MESSAGE_BYTES` is rejected
+before it is read; JSON nested deeper than :data:`MAX_JSON_DEPTH`, integers of more
+than :data:`MAX_INT_DIGITS` digits and NaN/Infinity are rejected while parsing; a
+duration over :data:`nvrx.ft.data.MAX_DURATION_S` or a workload control description of
+more than :data:`MAX_DESCRIPTION_BYTES` UTF-8 bytes is refused. Every request gets a
+reply (an error reply for a bad one).
 
 The hot path (heartbeats, sections) does not use this channel: it is a shared memory
 block whose file descriptor the monitor hands over in its reply to ``init``
@@ -19,7 +24,12 @@ import socket
 import struct
 from typing import Any
 
+from nvrx.ft.data import MAX_DURATION_S
+
 __all__ = [
+    "MAX_DESCRIPTION_BYTES",
+    "MAX_INT_DIGITS",
+    "MAX_JSON_DEPTH",
     "MAX_MESSAGE_BYTES",
     "PROTOCOL_VERSION",
     "FrameReader",
@@ -32,6 +42,14 @@ __all__ = [
 
 PROTOCOL_VERSION = 1
 MAX_MESSAGE_BYTES = 64 * 1024
+#: Deepest nesting of JSON objects/arrays in a frame (real messages use 3 levels).
+MAX_JSON_DEPTH = 8
+#: Most digits of a JSON integer (an int64 has 19).
+MAX_INT_DIGITS = 20
+#: Longest workload control description, in UTF-8 bytes. A monitor event carrying it
+#: stays within nvrx.ft.events.MAX_EVENT_BYTES, which the launcher's reader accepts.
+MAX_DESCRIPTION_BYTES = 4096
+_INT64 = 2**63
 _HEADER = struct.Struct(">I")
 
 
@@ -47,12 +65,48 @@ def encode_frame(message: dict[str, Any]) -> bytes:
     return _HEADER.pack(len(payload)) + payload
 
 
+def _parse_int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_INT_DIGITS:
+        raise ProtocolError(f"integer of {len(text)} digits exceeds {MAX_INT_DIGITS}")
+    return int(text)
+
+
+def _parse_constant(name: str) -> float:
+    raise ProtocolError(f"{name} is not allowed")
+
+
+def _too_deep(value: object) -> bool:
+    """True when objects/arrays nest deeper than MAX_JSON_DEPTH."""
+    level: list[object] = [value]
+    for _ in range(MAX_JSON_DEPTH + 1):
+        below: list[object] = []
+        for item in level:
+            if isinstance(item, dict):
+                below.extend(item.values())
+            elif isinstance(item, list):
+                below.extend(item)
+        if not below:
+            return False
+        level = below
+    return True
+
+
 def decode_payload(payload: bytes) -> dict[str, Any]:
-    """The JSON object in one frame's payload."""
+    """The JSON object in one frame's payload; anything over the limits is a ProtocolError."""
     try:
-        message = json.loads(payload.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise ProtocolError(f"payload is not UTF-8 JSON: {exc}") from None
+        text = payload.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ProtocolError(f"payload is not UTF-8: {exc}") from None
+    try:
+        message = json.loads(text, parse_int=_parse_int, parse_constant=_parse_constant)
+    except ProtocolError:
+        raise
+    except RecursionError:
+        raise ProtocolError(f"JSON nested deeper than {MAX_JSON_DEPTH} levels") from None
+    except ValueError as exc:
+        raise ProtocolError(f"payload is not JSON: {exc}") from None
+    if _too_deep(message):
+        raise ProtocolError(f"JSON nested deeper than {MAX_JSON_DEPTH} levels")
     if not isinstance(message, dict):
         raise ProtocolError(f"payload is a JSON {type(message).__name__}, not an object")
     return message
@@ -116,23 +170,32 @@ def _number(message: dict[str, Any], key: str, *, optional: bool) -> float | Non
     if value is None and optional:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ProtocolError(f"{key!r} must be a number, got {value!r}")
-    if not math.isfinite(value) or value <= 0:
-        raise ProtocolError(f"{key!r} must be a positive finite number, got {value!r}")
-    return float(value)
+        raise ProtocolError(f"{key!r} must be a number, got {value!r:.40}")
+    seconds = float(value)  # ints are at most MAX_INT_DIGITS digits: no overflow
+    if not math.isfinite(seconds) or not 0 < seconds <= MAX_DURATION_S:
+        raise ProtocolError(
+            f"{key!r} must be a finite number of seconds in (0, {MAX_DURATION_S:.0f}], "
+            f"got {value!r:.40}"
+        )
+    return seconds
 
 
 def _int(message: dict[str, Any], key: str) -> int:
     value = message.get(key)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ProtocolError(f"{key!r} must be an integer, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or not -_INT64 <= value < _INT64:
+        raise ProtocolError(f"{key!r} must be a 64-bit integer, got {value!r:.40}")
     return value
 
 
 def _str(message: dict[str, Any], key: str, limit: int = 4096) -> str:
     value = message.get(key)
-    if not isinstance(value, str) or len(value) > limit:
-        raise ProtocolError(f"{key!r} must be a string of at most {limit} characters")
+    try:
+        ok = isinstance(value, str) and len(value.encode("utf-8")) <= limit
+    except UnicodeEncodeError:  # a lone surrogate ("\ud800") is not text
+        ok = False
+    if not ok:
+        raise ProtocolError(f"{key!r} must be valid text of at most {limit} UTF-8 bytes")
+    assert isinstance(value, str)
     return value
 
 
@@ -175,8 +238,8 @@ def validate_request(message: dict[str, Any]) -> dict[str, Any]:
             _exact_keys({"type": None, **sec}, {"section", "out_of_section"})
             _number(sec, "out_of_section", optional=True)
             sections = sec.get("section")
-            if not isinstance(sections, dict):
-                raise ProtocolError("'section.section' must be an object")
+            if not isinstance(sections, dict) or len(sections) > 256:
+                raise ProtocolError("'section.section' must be an object of at most 256 sections")
             for name in sections:
                 _number(sections, name, optional=True)
         if hb is None and sec is None:
@@ -184,7 +247,7 @@ def validate_request(message: dict[str, Any]) -> dict[str, Any]:
     elif kind == "workload_control":
         _exact_keys(message, {"action", "description"})
         _str(message, "action", 64)
-        _str(message, "description")
+        _str(message, "description", MAX_DESCRIPTION_BYTES)
     elif kind == "shutdown":
         _exact_keys(message, set())
     else:

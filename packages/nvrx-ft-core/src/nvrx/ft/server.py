@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import json
 import logging
 import os
@@ -32,6 +33,7 @@ from nvrx.ft.data import workload_action_from_name
 from nvrx.ft.detection import ActiveTimeouts, Violation, find_violation, next_deadline_ns
 from nvrx.ft.events import EventSender, MonitorEvent
 from nvrx.ft.health import HealthChecks, HealthError
+from nvrx.ft.liveness import BeatWriter, beat_age, beat_path
 from nvrx.ft.protocol import (
     MAX_MESSAGE_BYTES,
     FrameReader,
@@ -50,8 +52,15 @@ __all__ = ["RANK_MONITOR_INIT_TIMEOUT", "MonitorProcess", "RankMonitorServer"]
 RANK_MONITOR_INIT_TIMEOUT = 30.0
 _NS = 1_000_000_000
 _PARENT_CHECK_NS = _NS // 4
-_REPLY_TIMEOUT_S = 2.0
 _UCRED = struct.Struct("3i")
+#: Most control connections a monitor keeps; a new one beyond it evicts the oldest
+#: connection that is not the watched rank's, so idle clients cannot lock the rank out.
+MAX_CONNECTIONS = 16
+#: Most reply bytes queued for a client that does not read them; beyond it, it is dropped.
+MAX_PENDING_REPLY_BYTES = 256 * 1024
+#: Pause before accepting again after the process or system ran out of file descriptors.
+_ACCEPT_PAUSE_NS = _NS // 2
+_OUT_OF_FDS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 
 
 class _RankFilter(logging.Filter):
@@ -89,6 +98,8 @@ class _Conn:
     pid: int
     uid: int
     reader: FrameReader = dataclasses.field(default_factory=FrameReader)
+    outbuf: bytearray = dataclasses.field(default_factory=bytearray)
+    writing: bool = False
 
 
 @dataclasses.dataclass
@@ -136,6 +147,9 @@ class RankMonitorServer:
         self._stopping = False
         self._ppid = os.getppid()
         self._next_health_ns = 0
+        self._accept_paused_until = 0
+        self._logged_once: set[str] = set()
+        self._beat: BeatWriter | None = None
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -160,8 +174,9 @@ class RankMonitorServer:
         listener.bind(os.fspath(path))
         os.chmod(path, 0o600)
         self._socket_ino = path.stat().st_ino
-        listener.listen(16)
+        listener.listen(MAX_CONNECTIONS)
         listener.setblocking(False)
+        self._beat = BeatWriter(beat_path(path))
         return listener
 
     def serve(self, ready_fd: int | None = None) -> int:
@@ -214,6 +229,9 @@ class RankMonitorServer:
                     self.socket_path.unlink()
             except FileNotFoundError:
                 pass
+        if self._beat is not None:
+            self._beat.close(remove=True)
+            self._beat = None
         if self._health is not None:
             self._health.close()
         self._events.close()
@@ -227,6 +245,8 @@ class RankMonitorServer:
         next_parent_check = 0
         while not self._stopping:
             now = time.monotonic_ns()
+            if self._beat is not None:
+                self._beat.beat(now)
             if now >= next_parent_check:
                 next_parent_check = now + _PARENT_CHECK_NS
                 if os.getppid() != self._ppid:
@@ -236,29 +256,47 @@ class RankMonitorServer:
                 wake_at = self._tick(now)
             except Exception:
                 # A bug here must never end hang detection: log it and keep checking.
-                self.logger.exception("internal error while checking the rank")
+                self._log_once("tick", "internal error while checking the rank")
                 wake_at = now + check_ns
             wake_at = min(wake_at, now + check_ns, next_parent_check)
             timeout = max(0.001, (wake_at - time.monotonic_ns()) / _NS)
-            for key, _mask in self._sel.select(timeout):
+            if self._accept_paused_until:
+                wake_at = min(wake_at, self._accept_paused_until)
+                timeout = max(0.001, (wake_at - time.monotonic_ns()) / _NS)
+            for key, mask in self._sel.select(timeout):
                 try:
-                    self._dispatch(key.data, wake)
+                    self._dispatch(key.data, wake, mask)
                 except Exception:
-                    self.logger.exception("internal error while serving a connection")
+                    self._log_once("dispatch", "internal error while serving a connection")
 
-    def _dispatch(self, data: object, wake: socket.socket) -> None:
+    def _log_once(self, key: str, message: str) -> None:
+        """Log an unexpected exception with its traceback the first time only."""
+        if key in self._logged_once:
+            self.logger.debug(message, exc_info=True)
+        else:
+            self._logged_once.add(key)
+            self.logger.exception("%s (further ones at DEBUG)", message)
+
+    def _dispatch(self, data: object, wake: socket.socket, mask: int) -> None:
         if data == "accept":
             self._accept()
         elif data == "wake":
             with contextlib.suppress(BlockingIOError):
                 wake.recv(4096)
         elif isinstance(data, _Conn):
-            self._on_readable(data)
+            if mask & selectors.EVENT_WRITE:
+                self._flush(data)
+            if mask & selectors.EVENT_READ and data.sock in self._conns:
+                self._on_readable(data)
         # "pidfd": the next tick notices the exit
 
     def _tick(self, now: int) -> int:
         """Check the watched rank and advance terminations; return the next wake-up time."""
         wake_at = now + 3600 * _NS
+        if self._accept_paused_until and now >= self._accept_paused_until:
+            self._accept_paused_until = 0
+            if self._listener is not None:
+                self._sel.register(self._listener, selectors.EVENT_READ, "accept")
         watched = self._watched
         if watched is not None:
             if watched.proc.has_exited():
@@ -340,14 +378,43 @@ class RankMonitorServer:
             sock, _ = self._listener.accept()
         except (BlockingIOError, InterruptedError):
             return
-        pid, uid = _peer_credentials(sock)
+        except OSError as exc:
+            if exc.errno not in _OUT_OF_FDS:
+                raise
+            # The connection stays queued; accepting again at once would spin.
+            if "out_of_fds" not in self._logged_once:
+                self._logged_once.add("out_of_fds")
+                self.logger.error(
+                    "cannot accept connections: %s; retrying every %.1f s (logged once)",
+                    exc,
+                    _ACCEPT_PAUSE_NS / _NS,
+                )
+            self._sel.unregister(self._listener)
+            self._accept_paused_until = time.monotonic_ns() + _ACCEPT_PAUSE_NS
+            return
+        try:
+            pid, uid = _peer_credentials(sock)
+        except OSError:
+            sock.close()
+            return
         if uid != os.getuid():
             self.logger.warning(
                 "rejected connection from pid %d: uid %d is not ours (%d)", pid, uid, os.getuid()
             )
             sock.close()
             return
-        sock.settimeout(_REPLY_TIMEOUT_S)
+        if len(self._conns) >= MAX_CONNECTIONS:
+            watched = None if self._watched is None else self._watched.conn
+            oldest = next((c for c in self._conns.values() if c is not watched), None)
+            if oldest is not None:
+                self.logger.warning(
+                    "%d connections open: dropping the oldest (pid %d) for pid %d",
+                    len(self._conns),
+                    oldest.pid,
+                    pid,
+                )
+                self._close_conn(oldest)
+        sock.setblocking(False)
         conn = _Conn(sock, pid, uid)
         self._conns[sock] = conn
         self._sel.register(sock, selectors.EVENT_READ, conn)
@@ -393,17 +460,59 @@ class RankMonitorServer:
             self._handle(conn, payload)
 
     def _reply(self, conn: _Conn, message: dict[str, Any], fds: list[int] | None = None) -> bool:
-        frame = encode_frame(message)
-        try:
-            if fds:
-                sent = socket.send_fds(conn.sock, [frame], fds)
-                if sent < len(frame):
-                    conn.sock.sendall(frame[sent:])
-            else:
-                conn.sock.sendall(frame)
-        except OSError as exc:
-            self.logger.warning("could not reply to pid %d: %s", conn.pid, exc)
+        """Queue a reply and send what the socket takes now; never blocks.
+
+        A client whose unread replies pass MAX_PENDING_REPLY_BYTES is dropped. Returns
+        False when the reply cannot be delivered (then the connection may be closed).
+        """
+        if conn.sock not in self._conns:
             return False
+        frame = encode_frame(message)
+        if fds:
+            if conn.outbuf:
+                self.logger.warning(
+                    "pid %d has unread replies; cannot hand over its block", conn.pid
+                )
+                return False
+            try:
+                sent = socket.send_fds(conn.sock, [frame], fds)
+            except (BlockingIOError, InterruptedError):
+                self.logger.warning("pid %d does not read its replies; init not answered", conn.pid)
+                return False
+            except OSError as exc:
+                self.logger.warning("could not reply to pid %d: %s", conn.pid, exc)
+                return False
+            frame = frame[sent:]
+            if not frame:
+                return True
+        if len(conn.outbuf) + len(frame) > MAX_PENDING_REPLY_BYTES:
+            self.logger.warning(
+                "pid %d does not read its replies (%d bytes pending); dropping its connection",
+                conn.pid,
+                len(conn.outbuf),
+            )
+            self._close_conn(conn)
+            return False
+        conn.outbuf += frame
+        return self._flush(conn)
+
+    def _flush(self, conn: _Conn) -> bool:
+        """Send queued reply bytes the socket takes now; watch for writability if any remain."""
+        while conn.outbuf:
+            try:
+                sent = conn.sock.send(conn.outbuf)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError as exc:
+                self.logger.info("could not reply to pid %d: %s", conn.pid, exc)
+                self._close_conn(conn)
+                return False
+            del conn.outbuf[:sent]
+        writing = bool(conn.outbuf)
+        if writing != conn.writing and conn.sock in self._conns:
+            conn.writing = writing
+            events = selectors.EVENT_READ | (selectors.EVENT_WRITE if writing else 0)
+            self._sel.modify(conn.sock, events, conn)
         return True
 
     def _handle(self, conn: _Conn, payload: bytes) -> None:
@@ -426,19 +535,26 @@ class RankMonitorServer:
         except ProtocolError as exc:
             self.logger.warning("rejected %s from pid %d: %s", kind, conn.pid, exc)
             self._reply(conn, {"ok": False, "error": str(exc)})
+        except Exception:
+            self._log_once(f"handle:{kind}", f"internal error while handling {kind}")
+            self._reply(conn, {"ok": False, "error": f"internal error while handling {kind}"})
 
     # ---------------------------------------------------------------- requests
 
     def _on_init(self, conn: _Conn, message: dict[str, Any]) -> None:
-        if self._watched is not None:
-            if self._watched.conn is conn:
+        watched_now = self._watched
+        if watched_now is not None:
+            if watched_now.conn is conn:
                 raise ProtocolError("this connection already initialised monitoring")
-            self.logger.warning(
-                "new rank pid %d replaces rank pid %d, which is no longer monitored",
-                conn.pid,
-                self._watched.proc.pid,
-            )
-            self._forget("replaced by a new rank")
+            if not watched_now.proc.has_exited():
+                # A DataLoader worker or other child running the rank's code: taking over
+                # would silently end hang detection for the real rank.
+                raise ProtocolError(
+                    f"this monitor watches rank {watched_now.rank} (pid {watched_now.proc.pid}) "
+                    f"until it exits; a second init_workload_monitoring from pid {conn.pid} is "
+                    "refused (call it once, in the training process, not in its workers)"
+                )
+            self._forget("rank exited")
         try:
             proc = RankProcess(conn.pid)
         except OSError as exc:
@@ -446,7 +562,11 @@ class RankMonitorServer:
         cfg = self.cfg
         sections = tuple(sorted(cfg.rank_section_timeouts))
         init_ns = time.monotonic_ns()
-        block, fd = SharedBlock.create(len(sections), init_ns, cfg.num_warmup_iterations)
+        try:
+            block, fd = SharedBlock.create(len(sections), init_ns, cfg.num_warmup_iterations)
+        except OSError as exc:
+            proc.close()
+            raise ProtocolError(f"cannot create the shared memory block: {exc}") from None
         watched = _Watched(
             conn=conn,
             proc=proc,
@@ -530,16 +650,19 @@ class RankMonitorServer:
         )
         if not self._events.enabled:
             raise ProtocolError("no launcher is listening for workload control requests")
-        sent = self._events.send(
-            MonitorEvent(
-                event="workload_control",
-                local_rank=self.local_rank,
-                rank=rank,
-                pid=conn.pid,
-                action=action.name,
-                description=message["description"],
-            )
+        event = MonitorEvent(
+            event="workload_control",
+            local_rank=self.local_rank,
+            rank=rank,
+            pid=conn.pid,
+            action=action.name,
+            description=message["description"],
         )
+        try:
+            event.to_bytes()
+        except ValueError as exc:
+            raise ProtocolError(f"request too large for the launcher: {exc}") from None
+        sent = self._events.send(event)
         if not sent:
             raise ProtocolError("the launcher could not be reached")
         self._reply(conn, {"ok": True})
@@ -593,6 +716,46 @@ class RankMonitorServer:
     @staticmethod
     def run_in_subprocess(
         cfg: FaultToleranceConfig,
+        ipc_socket_path: str | os.PathLike[str],
+        is_restarter_logger: bool = False,
+        mp_ctx: object = None,
+        *,
+        local_rank: int = 0,
+        events_socket: str | os.PathLike[str] | None = None,
+        stderr: int | None = None,
+        env: dict[str, str] | None = None,
+        ready_timeout: float = RANK_MONITOR_INIT_TIMEOUT,
+    ) -> MonitorProcess:
+        """Start a monitor process and return once it listens (NVRx's call shape).
+
+        The handle has what NVRx's ``multiprocessing.Process`` has (``pid``,
+        ``is_alive()``, ``terminate()``, ``kill()``, ``join(timeout)``, ``exitcode``).
+        ``mp_ctx`` is accepted and not used: the monitor is a fresh interpreter, never
+        a fork, whatever the context; ``is_restarter_logger`` (NVRx's layered-restart
+        log) has no counterpart and is accepted. RuntimeError if the monitor dies or is
+        not listening within ``ready_timeout``; it is then killed. To start several
+        monitors and overlap their start-up, use :meth:`start_in_subprocess`.
+        """
+        del is_restarter_logger, mp_ctx
+        check_private_dir(pathlib.Path(ipc_socket_path).parent)
+        proc = RankMonitorServer.start_in_subprocess(
+            cfg,
+            ipc_socket_path,
+            local_rank=local_rank,
+            events_socket=events_socket,
+            stderr=stderr,
+            env=env,
+        )
+        try:
+            proc.wait_ready(ready_timeout)
+        except BaseException:
+            proc.kill()
+            raise
+        return proc
+
+    @staticmethod
+    def start_in_subprocess(
+        cfg: FaultToleranceConfig,
         socket_path: str | os.PathLike[str],
         *,
         local_rank: int = 0,
@@ -608,7 +771,9 @@ class RankMonitorServer:
         monitors first and wait for them afterwards to overlap their start-up. The
         monitor dies with this process (PDEATHSIG plus parent polling), so call this
         from a thread that lives as long as the caller. Its log goes to ``stderr``
-        (a file descriptor; default: ours).
+        (a file descriptor; default: ours). The socket's directory must be private
+        (see :func:`nvrx.ft.runtime.check_private_dir`); the monitor exits with an
+        error otherwise (:meth:`run_in_subprocess` checks it before starting one).
         """
         read_fd, write_fd = os.pipe()
         try:
@@ -641,7 +806,7 @@ class RankMonitorServer:
 
 
 class MonitorProcess:
-    """Handle on a monitor started by :meth:`RankMonitorServer.run_in_subprocess`."""
+    """Handle on a monitor started by :meth:`RankMonitorServer.start_in_subprocess`."""
 
     def __init__(
         self, popen: subprocess.Popen[bytes], ready_fd: int, socket_path: pathlib.Path
@@ -661,9 +826,29 @@ class MonitorProcess:
         """Exit status once it has exited, else None."""
         return self._popen.poll()
 
+    @property
+    def exitcode(self) -> int | None:
+        """As ``multiprocessing.Process.exitcode``: the status, ``-N`` for signal N, or None."""
+        return self._popen.poll()
+
     def is_alive(self) -> bool:
         """True while the monitor process runs."""
         return self._popen.poll() is None
+
+    def join(self, timeout: float | None = None) -> None:
+        """Wait for the monitor to exit, at most ``timeout`` seconds (as Process.join)."""
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self._popen.wait(timeout=timeout)
+        if self._popen.poll() is not None:
+            self._close_ready_fd()
+
+    def beat_age(self) -> float | None:
+        """Seconds since the monitor's loop last turned (see :func:`nvrx.ft.monitor_beat_age`).
+
+        None before it listens. A running monitor stays below about
+        :data:`nvrx.ft.liveness.BEAT_PERIOD_S`; a stopped (SIGSTOP) one keeps growing.
+        """
+        return beat_age(self.socket_path)
 
     def wait_ready(self, timeout: float = RANK_MONITOR_INIT_TIMEOUT) -> None:
         """Block until the monitor listens; RuntimeError if it died or did not come up in time."""
