@@ -80,6 +80,7 @@ def test_score_table_and_summary() -> None:
     assert lines[6] == " Ranks without a comparable score: [5]"
     few = format_rank_scores({0: 1.0, 1: 0.4}, {0: "a", 1: "b"}, 5).splitlines()
     assert few == ["  Rank=1 Node=b Score=0.40", "  Rank=0 Node=a Score=1.00"]
+    assert format_rank_scores({}, {}, 5) == "  (no scores in this report)\n"
     assert score_summary(scores) == {"min": 0.5, "median": 0.9, "max": 1.0}
     assert score_summary({0: math.nan}) == {}
 
@@ -101,6 +102,7 @@ def test_single_process_logs_section_scores_to_csv(
             logger=CSVLogger(tmp_path / "logs", name="csv", version=0),
         )
     assert "No GPU performance scores" in caplog.text
+    assert "GPU relative performance:\n" in caplog.text, "printed without scores, as NVRx"
     assert "STRAGGLER DETECTION WARNING" not in caplog.text
     rows = [r for r in _metrics(tmp_path / "logs") if r.get("section_relative_perf/train_step/min")]
     assert rows, caplog.text

@@ -380,8 +380,8 @@ class StragglerDetectionCallback(Callback):
             tables = [
                 f"{title}:\n"
                 + format_rank_scores(scores, report.rank_to_node, self.num_gpu_perf_scores_to_print)
-                for title, _, scores in score_sets
-                if scores
+                for title, prefix, scores in score_sets
+                if scores or prefix.startswith("gpu_")  # GPU tables always, as NVRx prints them
             ]
             if tables:
                 self._log_report(logging.INFO, "Straggler report:\n%s", "".join(tables))

@@ -54,4 +54,6 @@ def format_rank_scores(
     unscored = sorted(set(rank_to_score) - set(scored))
     if unscored:
         out.append(f" Ranks without a comparable score: {unscored}\n")
+    if not rank_to_score:
+        out.append("  (no scores in this report)\n")
     return "".join(out)
