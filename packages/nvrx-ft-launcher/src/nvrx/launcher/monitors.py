@@ -2,7 +2,8 @@
 
 The launcher owns one :class:`nvrx.ft.RankMonitorServer` process per local rank for
 the whole job (they serve every restart), a private runtime directory holding their
-sockets, and the datagram socket on which they report events. A monitor that dies
+sockets, and the datagram socket on which they report events. A monitor that dies,
+or stops making progress (stopped by SIGSTOP, wedged: its liveness beat goes stale),
 is noticed at the next tick and replaced; the agent decides whether the rank it
 served must be restarted too.
 """
@@ -33,6 +34,11 @@ logger = logging.getLogger("nvrx.launcher")
 
 _MAX_EVENT_BYTES = 64 * 1024
 
+#: A monitor whose loop has not turned for this long is stuck and is replaced. The loop
+#: beats every ``nvrx.ft.liveness.BEAT_PERIOD_S`` (0.25 s); the margin absorbs scheduling
+#: delays on a loaded machine, and costs at most this much extra hang-detection latency.
+STALL_TIMEOUT_S = 5.0
+
 
 class MonitorSupervisor:
     """Starts, watches, replaces and stops the monitors of ``local_world_size`` slots."""
@@ -43,8 +49,10 @@ class MonitorSupervisor:
         local_world_size: int,
         *,
         ready_timeout: float = 30.0,
+        stall_timeout: float = STALL_TIMEOUT_S,
     ) -> None:
         self._cfg = cfg
+        self._stall_timeout = stall_timeout
         self._local_world_size = local_world_size
         self._ready_timeout = ready_timeout
         self._dir = create_runtime_dir(prefix="nvrx-launcher-")
@@ -100,12 +108,36 @@ class MonitorSupervisor:
                 self._ready.add(local_rank)
 
     def dead(self) -> dict[int, int | None]:
-        """Local ranks whose monitor is gone, with its exit code when known."""
-        return {
-            local_rank: proc.returncode
-            for local_rank, proc in self._procs.items()
-            if not proc.is_alive()
-        }
+        """Local ranks whose monitor is gone or stuck, with its exit code when known.
+
+        A monitor that lives but has not beaten for ``stall_timeout`` seconds (stopped,
+        wedged) is killed here, so it is reported and replaced like one that died. Only
+        monitors that came up are judged: one still starting is ``wait_ready``'s business.
+        """
+        gone: dict[int, int | None] = {}
+        for local_rank, proc in self._procs.items():
+            if proc.is_alive() and not self._stalled(local_rank, proc):
+                continue
+            gone[local_rank] = proc.returncode
+        return gone
+
+    def _stalled(self, local_rank: int, proc: MonitorProcess) -> bool:
+        if local_rank not in self._ready:
+            return False
+        age = proc.beat_age()
+        if age is None or age <= self._stall_timeout:
+            return False
+        logger.error(
+            "the monitor of local rank %d (pid %d) made no progress for %.1f s (stopped or "
+            "stuck); killing it",
+            local_rank,
+            proc.pid,
+            age,
+        )
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, signal.SIGKILL)
+        proc.join(timeout=5.0)
+        return True
 
     def replace(self, local_rank: int) -> None:
         """Start a fresh monitor for ``local_rank`` (the old one is gone)."""
