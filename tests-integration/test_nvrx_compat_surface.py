@@ -38,11 +38,7 @@ from nvrx.ft import FaultToleranceConfig
 
 #: Rows whose nvrx side has not landed yet: {test id: reason}. Strict, so a row that
 #: starts passing must leave this list.
-PENDING: dict[str, str] = {
-    "fault_tolerance.rank_monitor_server.RankMonitorServer.run_in_subprocess": (
-        "issue 12 item 13 not landed"
-    ),
-}
+PENDING: dict[str, str] = {}
 
 
 def _params(rows: Any, ids: Any) -> list[Any]:
