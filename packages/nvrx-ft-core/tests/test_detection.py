@@ -80,3 +80,48 @@ def test_everything_disabled_never_fires() -> None:
     t = ActiveTimeouts(None, None, {}, None)
     assert find_violation(snap(), t, INIT, at(1e9)) is None
     assert next_deadline_ns(snap(), t, INIT) is None
+
+
+W = ActiveTimeouts(
+    initial_heartbeat=None,
+    heartbeat=None,
+    sections={"step": 1.0, "warmup": 10.0, "ckpt": 2.0},
+    out_of_section=1.0,
+)
+
+
+def warm(steps: int, n: int = 3, **kw: object) -> RankSnapshot:
+    base = snap(**kw)  # type: ignore[arg-type]
+    return RankSnapshot(
+        base.last_hb_ns, base.oos_since_ns, base.sections_used, base.open_sections, n, steps
+    )
+
+
+def test_warmup_steps_use_the_warmup_timeout_and_skip_out_of_section() -> None:
+    # Step 2 of 3 open for 5 s: within the warmup timeout.
+    assert find_violation(warm(2, opened=(("step", 1000.0),)), W, INIT, at(5)) is None
+    # Step 3 of 3 open for 11 s: over the warmup timeout, reported as the step section.
+    v = find_violation(warm(3, opened=(("step", 1000.0),)), W, INIT, at(11))
+    assert v is not None
+    assert (v.section, v.limit_s) == ("step", 10.0)
+    # Step 4: the steady-state step timeout.
+    v = find_violation(warm(4, opened=(("step", 1000.0),)), W, INIT, at(1.5))
+    assert v is not None
+    assert v.limit_s == 1.0
+    # Out of section between warmup steps 1 and 2: not checked; after step 3: checked.
+    assert find_violation(warm(1, used=True, oos_since=1000.0), W, INIT, at(50)) is None
+    v = find_violation(warm(3, used=True, oos_since=1000.0), W, INIT, at(2))
+    assert v is not None
+    assert v.cause == "out_of_section_timeout"
+    # Other sections are checked during warmup.
+    v = find_violation(warm(1, opened=(("ckpt", 1000.0),)), W, INIT, at(3))
+    assert v is not None
+    assert v.section == "ckpt"
+
+
+def test_warmup_without_a_warmup_timeout_or_a_step_section() -> None:
+    no_warmup = ActiveTimeouts(None, None, {"step": 1.0}, 1.0)
+    assert find_violation(warm(2, opened=(("step", 1000.0),)), no_warmup, INIT, at(100)) is None
+    no_step = ActiveTimeouts(None, None, {"train": 1.0}, 1.0)
+    v = find_violation(warm(0, used=True, oos_since=1000.0), no_step, INIT, at(2))
+    assert v is not None  # no 'step' section: warmup never applies

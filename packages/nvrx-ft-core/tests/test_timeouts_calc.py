@@ -126,3 +126,33 @@ def test_min_timeout_floors_every_calculated_timeout() -> None:
     sec = calc.get_section_timeouts()
     assert sec.section["a"] == pytest.approx(198.0)  # above the floor: unchanged
     assert sec.out_of_section == 30.0
+
+
+def test_the_floor_says_once_that_it_raised_a_timeout(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import logging
+
+    from nvrx.ft import timeouts_calc
+
+    monkeypatch.setattr(timeouts_calc, "_floor_logged", False)
+    calc = TimeoutsCalc(start_time=0.0, safety_factor=5.0, min_timeout=30.0)
+    calc.update_on_heartbeat(0.5)
+    calc.update_on_heartbeat(1.0)
+    with caplog.at_level(logging.WARNING, logger="nvrx.ft.timeouts_calc"):
+        calc.get_hb_timeouts()
+        calc.get_hb_timeouts()
+    (record,) = caplog.records
+    assert "min_calculated_timeout" in record.message
+    assert "2.500 s" in record.message
+
+
+def test_calculated_timeouts_are_capped_at_the_maximum_duration() -> None:
+    from nvrx.ft import MAX_DURATION_S
+
+    calc = TimeoutsCalc(start_time=0.0, safety_factor=1000.0)
+    calc.update_on_heartbeat(10 * 24 * 3600.0)
+    calc.update_on_heartbeat(20 * 24 * 3600.0)
+    hb = calc.get_hb_timeouts()
+    assert hb.initial == MAX_DURATION_S
+    assert hb.subsequent == MAX_DURATION_S

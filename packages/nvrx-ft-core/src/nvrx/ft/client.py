@@ -153,6 +153,7 @@ class RankMonitorClient:
         self._warmup_left = 0
         self._step_slot = -1
         self._misuse_logged: set[tuple[str, str]] = set()
+        self._unmonitored_seen: set[str] = set()  # logged once: later calls return at once
         self._previous_excepthook: Any = None
 
     # ------------------------------------------------------------- lifecycle
@@ -352,7 +353,8 @@ class RankMonitorClient:
         """
         entry = self._section_entries.get(section)
         if entry is None:
-            self._unmonitored("start_section", section)
+            if section not in self._unmonitored_seen:
+                self._unmonitored("start_section", section)
             return
         stat, slot = entry
         if stat.opened_ns:
@@ -382,7 +384,8 @@ class RankMonitorClient:
         """Close a section opened with :meth:`start_section`."""
         entry = self._section_entries.get(section)
         if entry is None:
-            self._unmonitored("end_section", section)
+            if section not in self._unmonitored_seen:
+                self._unmonitored("end_section", section)
             return
         stat, slot = entry
         if not stat.opened_ns:
@@ -427,6 +430,8 @@ class RankMonitorClient:
             f"has no configured timeout (configured: {sorted(self._section_entries)}); "
             "it is not monitored",
         )
+        if len(self._unmonitored_seen) < 4096:
+            self._unmonitored_seen.add(section)
 
     def _misuse(self, what: str, section: str, why: str) -> None:
         key = (what, section)

@@ -17,7 +17,7 @@ import logging
 import time
 from collections.abc import Iterable
 
-from nvrx.ft.data import HeartbeatTimeouts, SectionAction, SectionTimeouts
+from nvrx.ft.data import MAX_DURATION_S, HeartbeatTimeouts, SectionAction, SectionTimeouts
 
 __all__ = ["SectionAction", "SectionStat", "TimeoutsCalc", "TimeoutsCalcError"]
 
@@ -232,7 +232,11 @@ class TimeoutsCalc:
         )
 
     def _floor(self, timeout: float) -> float:
-        """Raise a calculated timeout to ``min_timeout`` (saying so once per process)."""
+        """Raise a calculated timeout to ``min_timeout`` (saying so once per process).
+
+        It is also capped at MAX_DURATION_S, the longest duration anything accepts.
+        """
+        timeout = min(timeout, MAX_DURATION_S)
         if self.min_timeout is None or timeout >= self.min_timeout:
             return timeout
         global _floor_logged
