@@ -58,7 +58,10 @@ def test_missing_kernels_and_sections_are_non_comparable_without_gather(
     assert r0["rank"] == 0
     assert r1["rank"] == 1
     assert r0["gpu_relative_perf_scores"] == {"0": 1.0}
-    assert r1["gpu_relative_perf_scores"] == {}
+    # every rank covered has a key; NaN (null in JSON) where not scored (issue 12.10)
+    assert r1["gpu_relative_perf_scores"] == {"1": None}
+    # as NVRx: without gathering a rank knows its own node only
+    assert (r0["rank_to_node"], r1["rank_to_node"]) == ({"0": "n0"}, {"1": "n1"})
     reasons = {(n["score"], n["section"]): n["reason"] for n in r1["non_comparable"]}
     assert "no kernels recorded" in reasons[("gpu_relative", None)]
     assert set(r1["section_relative_perf_scores"]) == {"step"}
@@ -70,9 +73,9 @@ def test_missing_data_with_gather_keeps_the_other_ranks_scores(
 ) -> None:
     assert two_ranks[1]["missing_gather_True"] is None
     r0 = two_ranks[0]["missing_gather_True"]
-    assert r0["gpu_relative_perf_scores"] == {"0": 1.0}
+    assert r0["gpu_relative_perf_scores"] == {"0": 1.0, "1": None}
     assert set(r0["section_relative_perf_scores"]["step"]) == {"0", "1"}
-    assert r0["section_relative_perf_scores"]["extra"] == {"0": 1.0}
+    assert r0["section_relative_perf_scores"]["extra"] == {"0": 1.0, "1": None}
     missing = {(n["score"], n["rank"], n["section"]) for n in r0["non_comparable"]}
     assert ("gpu_relative", 1, None) in missing
     assert ("gpu_individual", 1, None) in missing

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import pytest
@@ -35,20 +36,26 @@ def test_default_name_is_the_callers_file_and_line() -> None:
     det.close()
 
 
-def test_name_reused_at_another_location_is_an_error() -> None:
+def test_name_reused_at_another_location_records_into_it_and_logs_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # NVRx records both locations into one section; so do we, and say so once (issue 12.8).
     det = StragglerDetector(kernel_timer=SyntheticKernelTimer())
     with det.detection_section("step", profile_cuda=False):
         pass
-    with (
-        pytest.raises(ValueError, match=r"'step' is already used at .*entered again at"),
-        det.detection_section("step", profile_cuda=False),
-    ):
-        pass
-    with (
-        pytest.raises(ValueError, match="already used"),
-        det.detection_section("step", profile_cuda=True),
-    ):
-        pass
+    first = det.custom_sections["step"].location
+    with caplog.at_level(logging.WARNING, logger="nvrx.straggler"):
+        for _ in range(3):
+            with det.detection_section("step", profile_cuda=False):
+                pass
+            with det.detection_section("step", profile_cuda=True):
+                pass
+    section = det.custom_sections["step"]
+    assert (section.total_entry_cnt, len(section.cpu_elapsed_times)) == (7, 7)
+    assert section.location == first
+    warnings = [r.getMessage() for r in caplog.records if "'step'" in r.getMessage()]
+    assert len(warnings) == 1, warnings
+    assert f"is used at {first} and again at {__file__}:" in warnings[0]
     det.close()
 
 
@@ -154,7 +161,7 @@ def test_cuda_event_timing_adds_a_gpu_time_section(monkeypatch: pytest.MonkeyPat
     def enter(name: str, cuda: bool) -> Any:
         import sys
 
-        return registry.handle(name, cuda, sys._getframe(1))
+        return registry.enter(name, cuda, sys._getframe(1))
 
     def work(depth: int, fail: bool = False) -> None:
         with enter("fwd", True):  # nested entries: one event pair for the outermost

@@ -3,97 +3,112 @@
 from __future__ import annotations
 
 import math
+import statistics
+from collections.abc import Callable, Sequence
 
 import pytest
-import torch
 
 from nvrx.straggler import ReportGenerator, Statistic
 from nvrx.straggler.scoring import (
     Comparability,
     decode_slots,
-    encode_kernel_slots,
-    encode_section_slots,
-    gpu_scores,
-    section_scores,
+    gpu_score,
+    reference_slots,
+    section_score,
 )
-from nvrx.straggler.statistics import summarize
+from nvrx.straggler.statistics import summarize, summarize_python
 
 NAN = float("nan")
 
 
-def test_summary_uses_mean_of_middle_values_and_population_std() -> None:
-    s = summarize([4.0, 1.0, 3.0, 2.0])
+@pytest.mark.parametrize("impl", [summarize, summarize_python])
+def test_summary_uses_mean_of_middle_values_and_population_std(
+    impl: Callable[..., dict[Statistic, float]],
+) -> None:
+    fn = impl
+    s = fn([4.0, 1.0, 3.0, 2.0])
     assert s[Statistic.MIN] == 1.0
     assert s[Statistic.MAX] == 4.0
     assert s[Statistic.MED] == 2.5
     assert s[Statistic.AVG] == 2.5
     assert s[Statistic.STD] == pytest.approx(math.sqrt(1.25))
     assert s[Statistic.NUM] == 4
-    assert summarize([7.0])[Statistic.STD] == 0.0
-    assert summarize([1.0, 2.0], count=10)[Statistic.NUM] == 10
+    assert fn([7.0])[Statistic.STD] == 0.0
+    assert fn([1.0, 2.0], count=10)[Statistic.NUM] == 10
     with pytest.raises(ValueError, match="empty"):
-        summarize([])
+        fn([])
+    with pytest.raises(ValueError, match="below the number of samples"):
+        fn([1.0, 2.0], count=1)
     assert str(Statistic.MED) == "MED"
     assert repr(Statistic.MED) == "Statistic.MED"
 
 
-def _reduce(kernel_rows: list[list[float]], section_rows: list[list[float]]) -> torch.Tensor:
+def test_summary_is_the_standard_library_definition() -> None:
+    samples = [0.25 + ((i * 7919) % 101) / 37.0 for i in range(1001)]
+    for n in (1, 2, 3, 10, 11, 1000, 1001):
+        got = summarize(samples[:n])
+        assert got[Statistic.MED] == statistics.median(samples[:n])
+        assert got[Statistic.AVG] == pytest.approx(statistics.fmean(samples[:n]), rel=1e-14)
+        assert got[Statistic.STD] == pytest.approx(statistics.pstdev(samples[:n]), rel=1e-12)
+        assert (got[Statistic.MIN], got[Statistic.MAX]) == (min(samples[:n]), max(samples[:n]))
+
+
+def _reduce(kernel_rows: list[list[float]], section_rows: list[list[float]]) -> list[float]:
     """What the MIN all-reduce across these ranks would return."""
-    encoded = [
-        torch.cat(
-            [
-                encode_kernel_slots(torch.tensor(k, dtype=torch.float64)),
-                encode_section_slots(torch.tensor(s, dtype=torch.float64)),
-            ]
-        )
-        for k, s in zip(kernel_rows, section_rows, strict=True)
-    ]
-    return torch.stack(encoded).min(dim=0).values
+    encoded = [reference_slots(k, s) for k, s in zip(kernel_rows, section_rows, strict=True)]
+    return [min(column) for column in zip(*encoded, strict=True)]
+
+
+def _gpu(
+    meds: list[list[float]], weights: list[list[float]], ref: Sequence[float], usable: list[bool]
+) -> tuple[list[float], list[int]]:
+    out = [gpu_score(m, w, ref, usable) for m, w in zip(meds, weights, strict=True)]
+    return [s for s, _ in out], [int(c) for _, c in out]
 
 
 def test_relative_gpu_score_compares_on_kernels_common_to_all_recording_ranks() -> None:
     # kernels A, B; rank 2 never ran B, so only A is comparable
     meds = [[10.0, 20.0], [20.0, 20.0], [10.0, NAN]]
-    weights = torch.tensor([[20.0, 20.0], [40.0, 20.0], [20.0, 0.0]], dtype=torch.float64)
-    reduced = _reduce(meds, [[], [], []])
-    k_ref, common, _ = decode_slots(reduced, 2, 0)
-    assert common.tolist() == [True, False]
-    scores, codes = gpu_scores(torch.tensor(meds, dtype=torch.float64), weights, k_ref, common)
-    assert scores.tolist() == pytest.approx([1.0, 0.5, 1.0])
-    assert codes.tolist() == [0, 0, 0]
+    weights = [[20.0, 20.0], [40.0, 20.0], [20.0, 0.0]]
+    k_ref, common, _ = decode_slots(_reduce(meds, [[], [], []]), 2, 0)
+    assert common == [True, False]
+    scores, codes = _gpu(meds, weights, k_ref, common)
+    assert scores == pytest.approx([1.0, 0.5, 1.0])
+    assert codes == [0, 0, 0]
 
 
 def test_rank_without_kernels_is_not_comparable_and_others_keep_scores() -> None:
     meds = [[10.0, 20.0], [20.0, 20.0], [NAN, NAN]]
-    weights = torch.tensor([[20.0, 20.0], [40.0, 20.0], [0.0, 0.0]], dtype=torch.float64)
-    reduced = _reduce(meds, [[], [], []])
-    k_ref, common, _ = decode_slots(reduced, 2, 0)
-    assert common.tolist() == [True, True]
-    scores, codes = gpu_scores(torch.tensor(meds, dtype=torch.float64), weights, k_ref, common)
+    weights = [[20.0, 20.0], [40.0, 20.0], [0.0, 0.0]]
+    k_ref, common, _ = decode_slots(_reduce(meds, [[], [], []]), 2, 0)
+    assert common == [True, True]
+    scores, codes = _gpu(meds, weights, k_ref, common)
     # rank 0: (20*1 + 20*1)/40; rank 1: (40*10/20 + 20*20/20)/60
-    assert scores[:2].tolist() == pytest.approx([1.0, 40.0 / 60.0])
+    assert scores[:2] == pytest.approx([1.0, 40.0 / 60.0])
     assert math.isnan(scores[2])
-    assert codes.tolist() == [0, 0, int(Comparability.NO_DATA)]
+    assert codes == [0, 0, int(Comparability.NO_DATA)]
 
 
 def test_rank_with_nothing_in_common_gets_that_reason() -> None:
     meds = [[10.0, NAN], [NAN, 5.0]]
-    weights = torch.ones((2, 2), dtype=torch.float64)
     k_ref, common, _ = decode_slots(_reduce(meds, [[], []]), 2, 0)
-    _, codes = gpu_scores(torch.tensor(meds, dtype=torch.float64), weights, k_ref, common)
-    assert codes.tolist() == [int(Comparability.NOTHING_IN_COMMON)] * 2
+    _, codes = _gpu(meds, [[1.0, 1.0], [1.0, 1.0]], k_ref, common)
+    assert codes == [int(Comparability.NOTHING_IN_COMMON)] * 2
     assert "none of this rank's kernels" in Comparability.NOTHING_IN_COMMON.describe("kernels")
+    zero_score, zero_code = gpu_score([1.0], [0.0], [1.0])
+    assert math.isnan(zero_score)
+    assert zero_code is Comparability.ZERO_TIME
 
 
 def test_section_scores_use_ranks_that_entered_the_section() -> None:
     sections = [[4.0, 1.0], [8.0, NAN], [2.0, 3.0]]
     _, _, s_ref = decode_slots(_reduce([[], [], []], sections), 0, 2)
-    assert s_ref.tolist() == [2.0, 1.0]
-    scores, codes = section_scores(torch.tensor(sections, dtype=torch.float64), s_ref)
-    assert scores[:, 0].tolist() == pytest.approx([0.5, 0.25, 1.0])
-    assert scores[0, 1] == pytest.approx(1.0)
-    assert scores[2, 1] == pytest.approx(1.0 / 3.0)
-    assert codes[1, 1] == int(Comparability.NO_DATA)
+    assert s_ref == [2.0, 1.0]
+    scores = [[section_score(m, r)[0] for m, r in zip(row, s_ref, strict=True)] for row in sections]
+    assert [row[0] for row in scores] == pytest.approx([0.5, 0.25, 1.0])
+    assert scores[0][1] == pytest.approx(1.0)
+    assert scores[2][1] == pytest.approx(1.0 / 3.0)
+    assert section_score(NAN, 1.0)[1] == Comparability.NO_DATA
 
 
 def _summary(med: float, num: float = 1.0) -> dict[Statistic, float]:
@@ -116,7 +131,7 @@ def test_individual_baseline_forgets_a_lucky_window() -> None:
         scores.append(
             (report.section_individual_perf_scores["s"][0], report.gpu_individual_perf_scores[0])
         )
-        assert report.gpu_relative_perf_scores == {}
+        assert report.gpu_relative_perf_scores == {}  # not computed: no mapping
     # report 3 still remembers the lucky 5.0; report 4 no longer does
     assert scores == [(1.0, 1.0), (1.0, 1.0), (0.5, 0.5), (1.0, 1.0), (1.0, 1.0)]
 
@@ -151,13 +166,19 @@ def test_bad_settings_name_the_field() -> None:
         ReportGenerator(individual_baseline_windows=0)
 
 
-def test_no_kernels_on_one_rank_is_reported_with_a_reason_not_nan() -> None:
+def test_no_kernels_on_one_rank_is_nan_with_a_reason() -> None:
+    # Every score mapping has a key for every rank covered (issue 12.10): NaN + reason.
     gen = ReportGenerator(node_name="n")
     report = gen.generate_report({"s": _summary(3.0)}, {})
     assert report is not None
-    assert report.gpu_relative_perf_scores == {}
+    assert list(report.gpu_relative_perf_scores) == [0]
+    assert math.isnan(report.gpu_relative_perf_scores[0])
+    assert math.isnan(report.gpu_individual_perf_scores[0])
+    assert report.scored(report.gpu_relative_perf_scores) == {}
     kinds = {(n.score, n.rank) for n in report.non_comparable}
     assert kinds == {("gpu_relative", 0), ("gpu_individual", 0)}
     assert all("no kernels recorded" in n.reason for n in report.non_comparable)
     assert "NaN" not in report.to_json()
+    assert '"gpu_relative_perf_scores": {"0": null}' in report.to_json()
     assert "Not comparable" in report.format_table()
+    assert report.identify_stragglers()["straggler_gpus_relative"] == set()

@@ -3,26 +3,57 @@
 Time code sections (``Detector.detection_section``) and, with the ``cupti`` extra on a
 GPU, the CUDA kernels they launch; score every rank against its peers (relative) and
 against its own recent best (individual); report the slow ones.
+
+The names below are loaded on first use, so ``nvrx.straggler.sections`` (the hot path
+and its C accelerator) imports without torch.
 """
 
-from importlib.metadata import version as _version
+from __future__ import annotations
 
-from nvrx.straggler.detector import Detector, StragglerDetector
-from nvrx.straggler.interval import ReportIntervalTracker
-from nvrx.straggler.kernels import (
-    KernelTimer,
-    KernelTimingStatus,
-    NullKernelTimer,
-    SyntheticKernelRecord,
-    SyntheticKernelTimer,
-)
-from nvrx.straggler.names import NameMapper
-from nvrx.straggler.reporting import NonComparable, Report, ReportGenerator, StragglerId
-from nvrx.straggler.sections import CustomSection
-from nvrx.straggler.statistics import Statistic
-from nvrx.straggler.wrapping import CallableId
+import importlib
+from importlib.metadata import version as _version
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from nvrx.straggler.detector import Detector, StragglerDetector
+    from nvrx.straggler.drift import SustainedSlowdown, SustainedSlowdownRule
+    from nvrx.straggler.interval import ReportIntervalTracker
+    from nvrx.straggler.kernels import (
+        KernelTimer,
+        KernelTimingStatus,
+        NullKernelTimer,
+        SyntheticKernelRecord,
+        SyntheticKernelTimer,
+    )
+    from nvrx.straggler.names import NameMapper
+    from nvrx.straggler.report import NonComparable, Report, StragglerId
+    from nvrx.straggler.report_generator import ReportGenerator
+    from nvrx.straggler.sections import CustomSection
+    from nvrx.straggler.statistics import Statistic
+    from nvrx.straggler.wrapping import CallableId
 
 __version__: str = _version("nvrx-straggler")
+
+_HOME = {
+    "CallableId": "wrapping",
+    "CustomSection": "sections",
+    "Detector": "detector",
+    "KernelTimer": "kernels",
+    "KernelTimingStatus": "kernels",
+    "NameMapper": "names",
+    "NonComparable": "report",
+    "NullKernelTimer": "kernels",
+    "Report": "report",
+    "ReportGenerator": "report_generator",
+    "ReportIntervalTracker": "interval",
+    "Statistic": "statistics",
+    "StragglerDetector": "detector",
+    "StragglerId": "report",
+    "SustainedSlowdown": "drift",
+    "SustainedSlowdownRule": "drift",
+    "SyntheticKernelRecord": "kernels",
+    "SyntheticKernelTimer": "kernels",
+}
 
 __all__ = [
     "CallableId",
@@ -39,7 +70,22 @@ __all__ = [
     "Statistic",
     "StragglerDetector",
     "StragglerId",
+    "SustainedSlowdown",
+    "SustainedSlowdownRule",
     "SyntheticKernelRecord",
     "SyntheticKernelTimer",
     "__version__",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOME.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

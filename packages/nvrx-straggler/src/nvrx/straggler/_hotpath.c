@@ -1,27 +1,32 @@
 /*
  * The per-entry path of detection_section, in C.
  *
- * A `with detector.detection_section(name):` costs one call and two method calls per
- * entry. In Python each of those is a frame, and reading the clock from Python is a
- * call too; here the dispatcher finds the section's handle in a dict and checks the
- * call site, and the handle counts the entry and, for one entry in every
- * profiling_interval, reads CLOCK_MONOTONIC itself.
+ * sections.py defines what an entry does (EntryCounter, SectionHandle and
+ * SectionRegistry.enter); this module is an accelerator of exactly that definition,
+ * used wherever it is built, and tests/test_hotpath_parity.py runs the same scripted
+ * entries through both and compares everything observable. Here the dispatcher finds
+ * the section's handle in a dict and checks the call site, and the handle counts the
+ * entry and, for one entry in every profiling_interval, reads CLOCK_MONOTONIC itself.
+ * Everything that is not per entry (creating sections, a new call site, errors) is
+ * delegated to Python callables.
  *
- * The behaviour is that of SectionHandle and StragglerDetector.detection_section in
- * sections.py and detector.py, which remain the implementation wherever this module
- * is not built; the test suite runs against both. Everything that is not per entry
- * (creating sections, a new call site, errors) is delegated to Python callables.
+ * Each object owns its state: the entry count of a section lives in a Counter (read
+ * by CustomSection.total_entry_cnt through Counter.value); nothing here writes into
+ * a Python object's memory.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <frameobject.h>
 #include <structmember.h>
 #include <stddef.h>
+#include <math.h>
 #include <time.h>
 
 static PyObject *str_start;
 static PyObject *str_stop;
-static PyObject *str_total_entry_cnt;
+static PyObject *str_counter;
+static PyObject *str_cpu_elapsed_times;
+static PyObject *str_append;
 static PyObject *str_code;
 static PyObject *str_lasti;
 static PyObject *str_name;
@@ -35,60 +40,106 @@ monotonic_ns(void)
     return (long long)ts.tv_sec * 1000000000LL + (long long)ts.tv_nsec;
 }
 
+/* ---- Counter: the entry count of one section ---------------------------------- */
+
+typedef struct {
+    PyObject_HEAD
+    long long value;
+} Counter;
+
+static int
+Counter_init(Counter *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"value", NULL};
+    long long value = 0;
+
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|L:Counter", kwlist, &value)) {
+        return -1;
+    }
+    if (value < 0) {
+        PyErr_Format(PyExc_ValueError, "Counter: value must be >= 0, got %lld", value);
+        return -1;
+    }
+    self->value = value;
+    return 0;
+}
+
+static PyObject *
+Counter_get_value(Counter *self, void *Py_UNUSED(closure))
+{
+    return PyLong_FromLongLong(self->value);
+}
+
+static int
+Counter_set_value(Counter *self, PyObject *value, void *Py_UNUSED(closure))
+{
+    long long v;
+
+    if (value == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "Counter.value cannot be deleted");
+        return -1;
+    }
+    if (!PyLong_Check(value)) {
+        PyErr_Format(PyExc_TypeError, "Counter.value must be an int, not %.100s",
+                     Py_TYPE(value)->tp_name);
+        return -1;
+    }
+    v = PyLong_AsLongLong(value);
+    if (v == -1 && PyErr_Occurred()) {
+        return -1;
+    }
+    if (v < 0) {
+        PyErr_Format(PyExc_ValueError, "Counter.value must be >= 0, got %lld", v);
+        return -1;
+    }
+    self->value = v;
+    return 0;
+}
+
+static PyGetSetDef Counter_getset[] = {
+    {"value", (getter)Counter_get_value, (setter)Counter_set_value,
+     "Entries counted so far.", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject CounterType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "nvrx.straggler._hotpath.Counter",
+    .tp_doc = "Counter(value=0)\n--\n\nThe entry count of one section (EntryCounter in C).",
+    .tp_basicsize = sizeof(Counter),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Counter_init,
+    .tp_getset = Counter_getset,
+};
+
 /* ---- Handle: the context manager of one section ------------------------------- */
 
 typedef struct {
     PyObject_HEAD
-    PyObject *section;      /* CustomSection */
-    PyObject *code;         /* code object of the first call site */
-    PyObject *accepted;     /* set of (code, lasti) call sites accepted for this name */
-    PyObject *append;       /* section.cpu_elapsed_times.append */
-    PyObject *timer;        /* KernelTimer switched on for measured entries, or NULL */
-    Py_ssize_t count_offset; /* where the section's total_entry_cnt slot lives */
+    PyObject *section;     /* CustomSection */
+    Counter *counter;      /* section.counter */
+    PyObject *code;        /* code object of the first call site; None: no site checks */
+    PyObject *accepted;    /* set of (file, code, lasti) call sites accepted */
+    PyObject *append;      /* section.cpu_elapsed_times.append */
+    PyObject *timer;       /* KernelTimer switched on for measured entries, or NULL */
+    PyObject *bound_enter; /* __enter__ and __exit__ bound to this handle once */
+    PyObject *bound_exit;
     long long interval;
-    long long t0;           /* clock at the measured outermost entry; 0 when none */
-    long long nested;       /* entries of this handle inside the measured one */
+    long long t0;          /* clock at the measured outermost entry; 0 when none */
+    long long nested;      /* entries of this handle inside the measured one */
     int lasti;
 } Handle;
 
 static PyTypeObject HandleType;
 
-/* The byte offset of a slots class's writable object attribute `name`. */
-static Py_ssize_t
-slot_offset(PyObject *obj, PyObject *name)
-{
-    PyObject *descr = PyObject_GetAttr((PyObject *)Py_TYPE(obj), name);
-    Py_ssize_t offset = -1;
-    if (descr == NULL) {
-        if (!PyErr_ExceptionMatches(PyExc_AttributeError)) {
-            return -1;
-        }
-        PyErr_Clear();
-    }
-    else if (Py_IS_TYPE(descr, &PyMemberDescr_Type) &&
-             PyObject_TypeCheck(obj, PyDescr_TYPE(descr))) {
-        PyMemberDef *member = ((PyMemberDescrObject *)descr)->d_member;
-        if (member->type == T_OBJECT_EX && !(member->flags & READONLY)) {
-            offset = member->offset;
-        }
-    }
-    Py_XDECREF(descr);
-    if (offset < 0) {
-        PyErr_Format(PyExc_TypeError,
-                     "Handle: %.100s.%U must be a writable slot (a slots dataclass field)",
-                     Py_TYPE(obj)->tp_name, name);
-    }
-    return offset;
-}
-
 static int
 Handle_init(Handle *self, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"section", "interval", "code", "lasti", "timer", NULL};
-    PyObject *section, *code, *timer = Py_None, *samples, *append, *site, *accepted;
+    PyObject *section, *code, *timer = Py_None, *counter, *samples, *append, *site, *accepted;
     long long interval;
     int lasti;
-    Py_ssize_t offset;
 
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "OLOi|O:Handle", kwlist, &section,
                                      &interval, &code, &lasti, &timer)) {
@@ -98,23 +149,26 @@ Handle_init(Handle *self, PyObject *args, PyObject *kwds)
         PyErr_Format(PyExc_ValueError, "Handle: interval must be >= 1, got %lld", interval);
         return -1;
     }
-    offset = slot_offset(section, str_total_entry_cnt);
-    if (offset < 0) {
-        return -1;
-    }
-    samples = PyObject_GetAttrString(section, "cpu_elapsed_times");
-    if (samples == NULL) {
-        return -1;
-    }
-    append = PyObject_GetAttrString(samples, "append");
-    Py_DECREF(samples);
-    if (append == NULL) {
-        return -1;
-    }
     if (!PyCode_Check(code)) {
-        Py_DECREF(append);
         PyErr_Format(PyExc_TypeError, "Handle: code must be a code object, not %.100s",
                      Py_TYPE(code)->tp_name);
+        return -1;
+    }
+    counter = PyObject_GetAttr(section, str_counter);
+    if (counter == NULL) {
+        return -1;
+    }
+    if (!Py_IS_TYPE(counter, &CounterType)) {
+        PyErr_Format(PyExc_TypeError, "Handle: section.counter must be a %s, not %.100s",
+                     CounterType.tp_name, Py_TYPE(counter)->tp_name);
+        Py_DECREF(counter);
+        return -1;
+    }
+    samples = PyObject_GetAttr(section, str_cpu_elapsed_times);
+    append = samples == NULL ? NULL : PyObject_GetAttr(samples, str_append);
+    Py_XDECREF(samples);
+    if (append == NULL) {
+        Py_DECREF(counter);
         return -1;
     }
     site = Py_BuildValue("(OOi)", ((PyCodeObject *)code)->co_filename, code, lasti);
@@ -123,24 +177,22 @@ Handle_init(Handle *self, PyObject *args, PyObject *kwds)
         Py_XDECREF(site);
         Py_XDECREF(accepted);
         Py_DECREF(append);
+        Py_DECREF(counter);
         return -1;
     }
     Py_DECREF(site);
 
-    Py_INCREF(section);
-    Py_XSETREF(self->section, section);
-    Py_INCREF(code);
-    Py_XSETREF(self->code, code);
+    Py_XSETREF(self->section, Py_NewRef(section));
+    Py_XSETREF(self->counter, (Counter *)counter);
+    Py_XSETREF(self->code, Py_NewRef(code));
     Py_XSETREF(self->accepted, accepted);
     Py_XSETREF(self->append, append);
     if (timer == Py_None) {
         Py_CLEAR(self->timer);
     }
     else {
-        Py_INCREF(timer);
-        Py_XSETREF(self->timer, timer);
+        Py_XSETREF(self->timer, Py_NewRef(timer));
     }
-    self->count_offset = offset;
     self->interval = interval;
     self->lasti = lasti;
     self->t0 = 0;
@@ -161,40 +213,17 @@ require_init(Handle *self)
 static PyObject *
 Handle_enter(Handle *self, PyObject *Py_UNUSED(ignored))
 {
-    PyObject **slot, *old, *next;
     long long n;
 
     if (require_init(self) < 0) {
         return NULL;
     }
-    slot = (PyObject **)((char *)self->section + self->count_offset);
-    old = *slot;
-    if (old == NULL) {
-        PyErr_SetString(PyExc_AttributeError, "section has no total_entry_cnt");
-        return NULL;
-    }
-    /* Only an int: converting anything else could run Python code that replaces (and
-     * frees) `old` while we hold it borrowed. */
-    if (!PyLong_Check(old)) {
-        PyErr_Format(PyExc_TypeError, "total_entry_cnt must be an int, not %.100s",
-                     Py_TYPE(old)->tp_name);
-        return NULL;
-    }
-    n = PyLong_AsLongLong(old);
-    if (n == -1 && PyErr_Occurred()) {
-        return NULL;
-    }
+    n = self->counter->value;
     if (n == LLONG_MAX) {
-        PyErr_SetString(PyExc_OverflowError, "total_entry_cnt would overflow");
+        PyErr_SetString(PyExc_OverflowError, "the entry count would overflow");
         return NULL;
     }
-    next = PyLong_FromLongLong(n + 1);
-    if (next == NULL) {
-        return NULL;
-    }
-    *slot = next;
-    Py_DECREF(old);
-
+    self->counter->value = n + 1;
     if (self->t0) {
         self->nested++;
     }
@@ -295,17 +324,14 @@ Handle_exit(Handle *self, PyObject *const *args, Py_ssize_t nargs)
 static int
 Handle_traverse(Handle *self, visitproc visit, void *arg)
 {
-    /* A handle's own class (Handle_new) inherits this function and must be visited
-     * here; a Python subclass's subtype_traverse visits its class itself. */
-    if ((Py_TYPE(self)->tp_flags & Py_TPFLAGS_HEAPTYPE) &&
-        Py_TYPE(self)->tp_traverse == (traverseproc)Handle_traverse) {
-        Py_VISIT(Py_TYPE(self));
-    }
     Py_VISIT(self->section);
+    Py_VISIT(self->counter);
     Py_VISIT(self->code);
     Py_VISIT(self->accepted);
     Py_VISIT(self->append);
     Py_VISIT(self->timer);
+    Py_VISIT(self->bound_enter);
+    Py_VISIT(self->bound_exit);
     return 0;
 }
 
@@ -313,86 +339,78 @@ static int
 Handle_clear(Handle *self)
 {
     Py_CLEAR(self->section);
+    Py_CLEAR(self->counter);
     Py_CLEAR(self->code);
     Py_CLEAR(self->accepted);
     Py_CLEAR(self->append);
     Py_CLEAR(self->timer);
+    Py_CLEAR(self->bound_enter);
+    Py_CLEAR(self->bound_exit);
     return 0;
 }
 
 static void
 Handle_dealloc(Handle *self)
 {
-    /* Heap subclasses (a handle's own class included: a spec without Py_tp_dealloc
-     * gets subtype_dealloc) reach this through subtype_dealloc, which releases the
-     * class afterwards: it must not be released here too. */
     PyObject_GC_UnTrack(self);
     Handle_clear(self);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
 /*
- * `with handle:` looks __enter__ and __exit__ up on the handle's type. Found as methods
- * of a C type, each is bound to the handle on every entry: two allocations, which cost
- * more than everything else the handle does. So each handle gets a subclass of its
- * own, whose __enter__ and __exit__ are functions already bound to that one handle;
- * the lookup then returns them as they are. (The cycle handle -> its class -> bound
- * functions -> handle is collected by the GC once the registry drops the handle.)
+ * `with handle:` looks __enter__ and __exit__ up on the handle's type and calls the
+ * descriptor found there. A method descriptor would bind a new method object on every
+ * entry (two allocations per `with`, more than everything else the handle does).
+ * Here they are getset descriptors that return functions bound to the handle once,
+ * when it was made (the cycle handle -> bound function -> handle is visited by the GC).
+ * This is the plain descriptor protocol on one static type.
  */
-static PyMethodDef Handle_methods[] = {
-    {"__enter__", (PyCFunction)Handle_enter, METH_NOARGS, "Count the entry; time it if sampled."},
-    {"__exit__", (PyCFunction)(void (*)(void))Handle_exit, METH_FASTCALL,
-     "Record the sampled entry's time unless it raised."},
-    {NULL, NULL, 0, NULL},
-};
-static PyType_Slot bound_slots[] = {{0, NULL}};
-static PyType_Spec bound_spec = {
-    .name = "nvrx.straggler._hotpath.Handle",
-    .basicsize = 0,
-    .itemsize = 0,
-    .flags = Py_TPFLAGS_DEFAULT,
-    .slots = bound_slots,
-};
-
-static int
-bind_method(PyObject *type, PyMethodDef *def, PyObject *self)
-{
-    PyObject *fn = PyCFunction_New(def, self);
-    int rc = fn == NULL ? -1 : PyObject_SetAttrString(type, def->ml_name, fn);
-    Py_XDECREF(fn);
-    return rc;
-}
+static PyMethodDef enter_def = {"__enter__", (PyCFunction)Handle_enter, METH_NOARGS,
+                                "Count the entry; time it if sampled."};
+static PyMethodDef exit_def = {"__exit__", (PyCFunction)(void (*)(void))Handle_exit,
+                               METH_FASTCALL, "Record the sampled entry's time unless it raised."};
 
 static PyObject *
 Handle_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
-    PyObject *own_type, *self;
+    Handle *self = (Handle *)type->tp_alloc(type, 0);
 
-    if (type != &HandleType) {
-        return PyType_GenericNew(type, args, kwds);
-    }
-    own_type = PyType_FromSpecWithBases(&bound_spec, (PyObject *)&HandleType);
-    if (own_type == NULL) {
+    if (self == NULL) {
         return NULL;
     }
-    self = PyType_GenericNew((PyTypeObject *)own_type, NULL, NULL);
-    /* The same two functions as the type's methods (a Python subclass uses those). */
-    if (self != NULL && (bind_method(own_type, &Handle_methods[0], self) < 0 ||
-                         bind_method(own_type, &Handle_methods[1], self) < 0)) {
-        Py_CLEAR(self);
+    self->bound_enter = PyCFunction_New(&enter_def, (PyObject *)self);
+    self->bound_exit = self->bound_enter == NULL ? NULL
+                                                 : PyCFunction_New(&exit_def, (PyObject *)self);
+    if (self->bound_exit == NULL) {
+        Py_DECREF(self);
+        return NULL;
     }
-    Py_DECREF(own_type); /* the handle holds its class */
-    return self;
+    return (PyObject *)self;
+}
+
+static PyObject *
+bound(Handle *self, PyObject *fn, PyMethodDef *def)
+{
+    /* Only NULL after a GC clear: bind afresh rather than fail. */
+    return fn != NULL ? Py_NewRef(fn) : PyCFunction_New(def, (PyObject *)self);
+}
+
+static PyObject *
+Handle_get_enter(Handle *self, void *Py_UNUSED(closure))
+{
+    return bound(self, self->bound_enter, &enter_def);
+}
+
+static PyObject *
+Handle_get_exit(Handle *self, void *Py_UNUSED(closure))
+{
+    return bound(self, self->bound_exit, &exit_def);
 }
 
 static PyObject *
 Handle_get_timer(Handle *self, void *Py_UNUSED(closure))
 {
-    if (self->timer == NULL) {
-        Py_RETURN_NONE;
-    }
-    Py_INCREF(self->timer);
-    return self->timer;
+    return Py_NewRef(self->timer == NULL ? Py_None : self->timer);
 }
 
 static PyObject *
@@ -401,9 +419,25 @@ Handle_get_measuring(Handle *self, void *Py_UNUSED(closure))
     return PyBool_FromLong(self->t0 != 0);
 }
 
+static PyObject *
+Handle_get_code(Handle *self, void *Py_UNUSED(closure))
+{
+    return Py_NewRef(self->code == NULL ? Py_None : self->code);
+}
+
+static int
+Handle_set_code(Handle *self, PyObject *value, void *Py_UNUSED(closure))
+{
+    if (value == NULL || (value != Py_None && !PyCode_Check(value))) {
+        PyErr_SetString(PyExc_TypeError, "Handle.code must be a code object or None");
+        return -1;
+    }
+    Py_XSETREF(self->code, Py_NewRef(value));
+    return 0;
+}
+
 static PyMemberDef Handle_members[] = {
     {"section", T_OBJECT, offsetof(Handle, section), READONLY, "The CustomSection timed."},
-    {"code", T_OBJECT, offsetof(Handle, code), READONLY, "Code object of the first call site."},
     {"lasti", T_INT, offsetof(Handle, lasti), READONLY, "Instruction offset of that call site."},
     {"accepted", T_OBJECT, offsetof(Handle, accepted), READONLY,
      "Call sites accepted for this name: (file, code, lasti)."},
@@ -413,6 +447,11 @@ static PyMemberDef Handle_members[] = {
 };
 
 static PyGetSetDef Handle_getset[] = {
+    {"__enter__", (getter)Handle_get_enter, NULL, "Count the entry; time it if sampled.", NULL},
+    {"__exit__", (getter)Handle_get_exit, NULL, "Record the sampled entry's time unless it raised.",
+     NULL},
+    {"code", (getter)Handle_get_code, (setter)Handle_set_code,
+     "Code object of the first call site; None once call sites are no longer checked.", NULL},
     {"timer", (getter)Handle_get_timer, NULL, "The kernel timer of measured entries, or None.",
      NULL},
     {"measuring", (getter)Handle_get_measuring, NULL, "True inside a measured entry.", NULL},
@@ -423,16 +462,14 @@ static PyTypeObject HandleType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "nvrx.straggler._hotpath.Handle",
     .tp_doc = "Handle(section, interval, code, lasti, timer=None)\n--\n\n"
-              "The context manager of one section: counts entries, times one in every "
-              "interval.",
+              "The context manager of one section (SectionHandle in C).",
     .tp_basicsize = sizeof(Handle),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_BASETYPE,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_new = Handle_new,
     .tp_init = (initproc)Handle_init,
     .tp_dealloc = (destructor)Handle_dealloc,
     .tp_traverse = (traverseproc)Handle_traverse,
     .tp_clear = (inquiry)Handle_clear,
-    .tp_methods = Handle_methods,
     .tp_members = Handle_members,
     .tp_getset = Handle_getset,
 };
@@ -467,9 +504,9 @@ same_site(PyObject *handle, PyFrameObject *frame)
     int lasti = frame_lasti(frame);
     int same;
 
-    if (PyObject_TypeCheck(handle, &HandleType)) {
+    if (Py_IS_TYPE(handle, &HandleType)) {
         Handle *h = (Handle *)handle;
-        same = (PyObject *)code == h->code && lasti == h->lasti;
+        same = h->code == Py_None || ((PyObject *)code == h->code && lasti == h->lasti);
     }
     else {
         /* A handle written in Python (CUDA event timing): same attributes. */
@@ -480,7 +517,8 @@ same_site(PyObject *handle, PyFrameObject *frame)
             long value = PyLong_AsLong(want_lasti);
             same = (value == -1 && PyErr_Occurred())
                        ? -1
-                       : (want_code == (PyObject *)code && value == lasti);
+                       : (want_code == Py_None ||
+                          (want_code == (PyObject *)code && value == lasti));
         }
         Py_XDECREF(want_code);
         Py_XDECREF(want_lasti);
@@ -698,6 +736,153 @@ static PyTypeObject DispatcherType = {
     .tp_clear = (inquiry)Dispatcher_clear,
 };
 
+/* ---- summarize: the statistics of one window (statistics.summarize in C) ------- */
+
+/* Neumaier's compensated sum: within an ulp or two of math.fsum for timing data. */
+typedef struct {
+    double sum;
+    double comp;
+} Sum;
+
+static void
+sum_add(Sum *s, double x)
+{
+    double t = s->sum + x;
+    if (fabs(s->sum) >= fabs(x)) {
+        s->comp += (s->sum - t) + x;
+    }
+    else {
+        s->comp += (x - t) + s->sum;
+    }
+    s->sum = t;
+}
+
+/* Rearrange v[0..n) so that v[k] is the k-th smallest and v[0..k) are not larger. */
+static void
+select_kth(double *v, Py_ssize_t n, Py_ssize_t k)
+{
+    Py_ssize_t lo = 0, hi = n - 1;
+    while (lo < hi) {
+        double pivot = v[lo + (hi - lo) / 2];
+        Py_ssize_t i = lo, j = hi;
+        while (i <= j) {
+            while (v[i] < pivot) {
+                i++;
+            }
+            while (v[j] > pivot) {
+                j--;
+            }
+            if (i <= j) {
+                double t = v[i];
+                v[i] = v[j];
+                v[j] = t;
+                i++;
+                j--;
+            }
+        }
+        if (k <= j) {
+            hi = j;
+        }
+        else if (k >= i) {
+            lo = i;
+        }
+        else {
+            return;
+        }
+    }
+}
+
+static PyObject *
+summarize(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    PyObject *seq, *result = NULL;
+    Py_ssize_t n, i, count, half;
+    double *v, lo, hi, median, mean;
+    Sum total = {0.0, 0.0}, squares = {0.0, 0.0};
+
+    if (nargs != 2) {
+        PyErr_Format(PyExc_TypeError, "summarize expected 2 arguments, got %zd", nargs);
+        return NULL;
+    }
+    seq = PySequence_Fast(args[0], "summarize: samples must be iterable");
+    if (seq == NULL) {
+        return NULL;
+    }
+    n = PySequence_Fast_GET_SIZE(seq);
+    if (n == 0) {
+        Py_DECREF(seq);
+        PyErr_SetString(PyExc_ValueError,
+                        "summarize: samples is empty; a window needs at least one sample");
+        return NULL;
+    }
+    if (args[1] == Py_None) {
+        count = n;
+    }
+    else {
+        count = PyLong_AsSsize_t(args[1]);
+        if (count == -1 && PyErr_Occurred()) {
+            Py_DECREF(seq);
+            return NULL;
+        }
+        if (count < n) {
+            Py_DECREF(seq);
+            PyErr_Format(PyExc_ValueError,
+                         "summarize: count=%zd is below the number of samples (%zd)", count, n);
+            return NULL;
+        }
+    }
+    v = PyMem_Malloc((size_t)n * sizeof(double));
+    if (v == NULL) {
+        Py_DECREF(seq);
+        return PyErr_NoMemory();
+    }
+    lo = hi = 0.0;
+    for (i = 0; i < n; i++) {
+        double x = PyFloat_AsDouble(PySequence_Fast_GET_ITEM(seq, i));
+        if (x == -1.0 && PyErr_Occurred()) {
+            goto done;
+        }
+        v[i] = x;
+        if (i == 0 || x < lo) {
+            lo = x;
+        }
+        if (i == 0 || x > hi) {
+            hi = x;
+        }
+        sum_add(&total, x);
+    }
+    mean = (total.sum + total.comp) / (double)n;
+    for (i = 0; i < n; i++) {
+        double d = v[i] - mean;
+        sum_add(&squares, d * d);
+    }
+    half = n / 2;
+    select_kth(v, n, half);
+    median = v[half];
+    if (n % 2 == 0) {
+        double below = v[0];
+        for (i = 1; i < half; i++) {
+            if (v[i] > below) {
+                below = v[i];
+            }
+        }
+        median = (below + median) / 2.0;
+    }
+    result = Py_BuildValue("(dddddd)", lo, hi, median, mean,
+                           sqrt((squares.sum + squares.comp) / (double)n), (double)count);
+done:
+    PyMem_Free(v);
+    Py_DECREF(seq);
+    return result;
+}
+
+static PyMethodDef module_methods[] = {
+    {"summarize", (PyCFunction)(void (*)(void))summarize, METH_FASTCALL,
+     "summarize(samples, count) -> (min, max, median, mean, population std, count)\n\n"
+     "nvrx.straggler.statistics.summarize in C."},
+    {NULL, NULL, 0, NULL},
+};
+
 /* ---- module --------------------------------------------------------------------- */
 
 static int
@@ -705,22 +890,36 @@ intern_all(void)
 {
     str_start = PyUnicode_InternFromString("start");
     str_stop = PyUnicode_InternFromString("stop");
-    str_total_entry_cnt = PyUnicode_InternFromString("total_entry_cnt");
+    str_counter = PyUnicode_InternFromString("counter");
+    str_cpu_elapsed_times = PyUnicode_InternFromString("cpu_elapsed_times");
+    str_append = PyUnicode_InternFromString("append");
     str_code = PyUnicode_InternFromString("code");
     str_lasti = PyUnicode_InternFromString("lasti");
     str_name = PyUnicode_InternFromString("name");
     str_profile_cuda = PyUnicode_InternFromString("profile_cuda");
-    return (str_start && str_stop && str_total_entry_cnt && str_code && str_lasti && str_name &&
-            str_profile_cuda)
+    return (str_start && str_stop && str_counter && str_cpu_elapsed_times && str_append &&
+            str_code && str_lasti && str_name && str_profile_cuda)
                ? 0
                : -1;
+}
+
+static int
+add_type(PyObject *module, const char *name, PyTypeObject *type)
+{
+    Py_INCREF(type);
+    if (PyModule_AddObject(module, name, (PyObject *)type) < 0) {
+        Py_DECREF(type);
+        return -1;
+    }
+    return 0;
 }
 
 static struct PyModuleDef hotpath_module = {
     PyModuleDef_HEAD_INIT,
     .m_name = "nvrx.straggler._hotpath",
-    .m_doc = "detection_section's per-entry path in C (see sections.py).",
+    .m_doc = "detection_section's per-entry path and window statistics in C (see sections.py).",
     .m_size = -1,
+    .m_methods = module_methods,
 };
 
 PyMODINIT_FUNC
@@ -728,22 +927,17 @@ PyInit__hotpath(void)
 {
     PyObject *module;
 
-    if (intern_all() < 0 || PyType_Ready(&HandleType) < 0 || PyType_Ready(&DispatcherType) < 0) {
+    if (intern_all() < 0 || PyType_Ready(&CounterType) < 0 || PyType_Ready(&HandleType) < 0 ||
+        PyType_Ready(&DispatcherType) < 0) {
         return NULL;
     }
     module = PyModule_Create(&hotpath_module);
     if (module == NULL) {
         return NULL;
     }
-    Py_INCREF(&HandleType);
-    if (PyModule_AddObject(module, "Handle", (PyObject *)&HandleType) < 0) {
-        Py_DECREF(&HandleType);
-        Py_DECREF(module);
-        return NULL;
-    }
-    Py_INCREF(&DispatcherType);
-    if (PyModule_AddObject(module, "Dispatcher", (PyObject *)&DispatcherType) < 0) {
-        Py_DECREF(&DispatcherType);
+    if (add_type(module, "Counter", &CounterType) < 0 ||
+        add_type(module, "Handle", &HandleType) < 0 ||
+        add_type(module, "Dispatcher", &DispatcherType) < 0) {
         Py_DECREF(module);
         return NULL;
     }

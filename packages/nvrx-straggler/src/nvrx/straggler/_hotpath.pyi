@@ -1,6 +1,6 @@
 """Types of the optional C extension built from ``_hotpath.c`` (see sections.py)."""
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from types import CodeType, FrameType, TracebackType
 from typing import final
 
@@ -8,7 +8,13 @@ from nvrx.straggler.kernels import KernelTimer
 from nvrx.straggler.sections import CustomSection, SectionContext
 
 @final
+class Counter:
+    value: int
+    def __init__(self, value: int = 0) -> None: ...
+
+@final
 class Handle:
+    code: CodeType | None
     def __init__(
         self,
         section: CustomSection,
@@ -19,8 +25,6 @@ class Handle:
     ) -> None: ...
     @property
     def section(self) -> CustomSection: ...
-    @property
-    def code(self) -> CodeType: ...
     @property
     def lasti(self) -> int: ...
     @property
@@ -50,3 +54,7 @@ class Dispatcher:
         moved: Callable[[SectionContext, FrameType], None],
     ) -> None: ...
     def __call__(self, name: str | None = None, profile_cuda: bool = True) -> SectionContext: ...
+
+def summarize(
+    samples: Collection[float], count: int | None
+) -> tuple[float, float, float, float, float, float]: ...

@@ -13,19 +13,15 @@ import logging
 import socket
 import sys
 from collections.abc import Sequence
-from types import FrameType
 from typing import Any, ClassVar
 
 import torch
 
+from nvrx.straggler.drift import SustainedSlowdownRule
 from nvrx.straggler.interval import ReportIntervalTracker
 from nvrx.straggler.kernels import DEFAULT_MAX_SAMPLES_PER_KERNEL, KernelTimer
-from nvrx.straggler.reporting import (
-    DEFAULT_COMM_KERNEL_PATTERN,
-    Report,
-    ReportGenerator,
-    parse_scores_to_compute,
-)
+from nvrx.straggler.report import Report, parse_scores_to_compute
+from nvrx.straggler.report_generator import DEFAULT_COMM_KERNEL_PATTERN, ReportGenerator
 from nvrx.straggler.sections import CustomSection, SectionContext, SectionRegistry
 from nvrx.straggler.wrapping import CallableId, CallableWrapper
 
@@ -34,6 +30,9 @@ __all__ = ["Detector", "StragglerDetector"]
 log = logging.getLogger(__name__)
 
 _getframe = sys._getframe
+
+_DEFAULT_RULE: Any = object()
+"""Stands for "a new SustainedSlowdownRule() per detector" (a rule holds state)."""
 
 
 class StragglerDetector:
@@ -47,7 +46,9 @@ class StragglerDetector:
     communication kernels left out of GPU scores. ``individual_baseline_windows`` is
     how many reports the individual baseline remembers. ``cuda_event_timing`` also
     times profiled sections on the GPU with CUDA events (reported as
-    ``"<name> [cuda]"`` sections).
+    ``"<name> [cuda]"`` sections). ``sustained_slowdown_rule`` is the rule behind
+    ``Report.identify_sustained_stragglers`` (None: off; see
+    :class:`~nvrx.straggler.SustainedSlowdownRule`).
     """
 
     def __init__(
@@ -65,6 +66,7 @@ class StragglerDetector:
         cuda_event_timing: bool = False,
         max_samples_per_section: int = 8 * 1024,
         max_samples_per_kernel: int = DEFAULT_MAX_SAMPLES_PER_KERNEL,
+        sustained_slowdown_rule: SustainedSlowdownRule | None = _DEFAULT_RULE,
     ) -> None:
         if isinstance(profiling_interval, bool) or not isinstance(profiling_interval, int):
             raise ValueError(f"profiling_interval must be an int >= 1, got {profiling_interval!r}")
@@ -89,6 +91,11 @@ class StragglerDetector:
             self.node_name,
             comm_kernel_pattern=comm_kernel_pattern,
             individual_baseline_windows=individual_baseline_windows,
+            sustained_slowdown_rule=(
+                SustainedSlowdownRule()
+                if sustained_slowdown_rule is _DEFAULT_RULE
+                else sustained_slowdown_rule
+            ),
         )
         self.report_interval_tracker = ReportIntervalTracker(
             time_interval=self.report_time_interval,
@@ -110,9 +117,7 @@ class StragglerDetector:
             max_samples=max_samples_per_section,
             cuda_event_timing=self.cuda_event_timing,
         )
-        self._cpu_handles = self._sections.cpu_handles
-        self._kernel_handles = self._sections.kernel_handles
-        fast = self._sections.dispatcher(self._section_miss)
+        fast = self._sections.dispatcher()
         if fast is not None:
             # The C version of the method below, for this instance (sections.py).
             self.detection_section = fast  # type: ignore[method-assign]
@@ -139,21 +144,7 @@ class StragglerDetector:
         ``name`` defaults to the ``file:line`` of the call; a name may be used at one
         location only. With ``profile_cuda``, kernels launched inside are timed too.
         """
-        try:
-            h = (self._kernel_handles if profile_cuda else self._cpu_handles)[name]
-        except KeyError:
-            return self._section_miss(name, profile_cuda, _getframe(1))
-        f = _getframe(1)
-        if f.f_code is not h.code or f.f_lasti != h.lasti:
-            self._sections.check_location(h, f)
-        return h
-
-    def _section_miss(
-        self, name: str | None, profile_cuda: bool, frame: FrameType
-    ) -> SectionContext:
-        if self.closed:
-            raise RuntimeError("Detector is not initialized.")
-        return self._sections.handle(name, profile_cuda, frame)
+        return self._sections.enter(name, profile_cuda, _getframe(1))
 
     # -- callables ------------------------------------------------------------------
 
@@ -222,6 +213,8 @@ class StragglerDetector:
     def reset_individual_baselines(self) -> None:
         """Forget the individual baselines, e.g. after a deliberate change of workload."""
         self.reporter.reset_individual_baselines()
+        if self.reporter.sustained_slowdown_rule is not None:
+            self.reporter.sustained_slowdown_rule.reset()
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -235,7 +228,7 @@ class StragglerDetector:
             return
         self.closed = True
         self._wrapper.restore()
-        self._sections.drop_handles()
+        self._sections.close()
         self.kernel_timer.close()
 
     def __enter__(self) -> StragglerDetector:
@@ -245,22 +238,84 @@ class StragglerDetector:
         self.close()
 
 
-class Detector:
-    """NVRx's class-method API over one process-wide :class:`StragglerDetector`."""
+class _ClassAttributes(type):
+    """The reference's class attributes of :class:`Detector`, read from the current
+    instance at each access (nothing is copied, so nothing outlives a shutdown).
 
-    initialized: ClassVar[bool] = False
-    scores_to_compute: ClassVar[list[str]] = []
-    gather_on_rank0: ClassVar[bool] = True
-    profiling_interval: ClassVar[int] = 1
-    report_time_interval: ClassVar[float] = 60.0
-    custom_sections: ClassVar[dict[str, CustomSection]] = {}
-    cupti_manager: ClassVar[KernelTimer | None] = None
-    reporter: ClassVar[ReportGenerator | None] = None
-    report_interval_tracker: ClassVar[ReportIntervalTracker | None] = None
-    original_callables: ClassVar[dict[CallableId, object]] = {}
+    Before ``initialize`` and after ``shutdown`` they read as a fresh detector's
+    settings, empty mappings and None.
+    """
+
+    _instance: StragglerDetector | None
+
+    @property
+    def initialized(cls) -> bool:
+        """True between ``initialize`` and ``shutdown``."""
+        return cls._instance is not None
+
+    @property
+    def scores_to_compute(cls) -> list[str]:
+        """The score kinds computed (``[]`` when not initialized)."""
+        inst = cls._instance
+        return [] if inst is None else inst.scores_to_compute
+
+    @property
+    def gather_on_rank0(cls) -> bool:
+        """Whether rank 0's report holds every rank."""
+        inst = cls._instance
+        return True if inst is None else inst.gather_on_rank0
+
+    @property
+    def profiling_interval(cls) -> int:
+        """One entry in this many is measured."""
+        inst = cls._instance
+        return 1 if inst is None else inst.profiling_interval
+
+    @property
+    def report_time_interval(cls) -> float:
+        """Seconds between reports of ``generate_report_if_interval_elapsed``."""
+        inst = cls._instance
+        return 60.0 if inst is None else inst.report_time_interval
+
+    @property
+    def custom_sections(cls) -> dict[str, CustomSection]:
+        """Section name -> :class:`CustomSection` (empty when not initialized)."""
+        inst = cls._instance
+        return {} if inst is None else inst.custom_sections
+
+    @property
+    def cupti_manager(cls) -> KernelTimer | None:
+        """The kernel timer, or None when not initialized."""
+        inst = cls._instance
+        return None if inst is None else inst.kernel_timer
+
+    @property
+    def reporter(cls) -> ReportGenerator | None:
+        """The report generator, or None when not initialized."""
+        inst = cls._instance
+        return None if inst is None else inst.reporter
+
+    @property
+    def report_interval_tracker(cls) -> ReportIntervalTracker | None:
+        """The interval tracker, or None when not initialized."""
+        inst = cls._instance
+        return None if inst is None else inst.report_interval_tracker
+
+    @property
+    def original_callables(cls) -> dict[CallableId, object]:
+        """CallableId -> the callable it replaced (empty when not initialized)."""
+        inst = cls._instance
+        return {} if inst is None else inst.original_callables
+
+
+class Detector(metaclass=_ClassAttributes):
+    """NVRx's class-method API over one process-wide :class:`StragglerDetector`.
+
+    Every class method and class attribute forwards to that instance
+    (:meth:`instance`); :meth:`use` serves another one.
+    """
+
     _instance: ClassVar[StragglerDetector | None] = None
-    _cpu_handles: ClassVar[dict[str | None, SectionContext]] = {}
-    _kernel_handles: ClassVar[dict[str | None, SectionContext]] = {}
 
     def __init__(self) -> None:
         raise RuntimeError(
@@ -314,24 +369,15 @@ class Detector:
     @classmethod
     def use(cls, instance: StragglerDetector) -> None:
         """Serve the class methods from ``instance`` (the current one is shut down)."""
+        if instance.closed:
+            raise ValueError("Detector.use: the detector is closed")
         if cls._instance is not None and cls._instance is not instance:
             cls.shutdown()
         cls._instance = instance
-        cls.initialized = True
-        cls.scores_to_compute = instance.scores_to_compute
-        cls.gather_on_rank0 = instance.gather_on_rank0
-        cls.profiling_interval = instance.profiling_interval
-        cls.report_time_interval = instance.report_time_interval
-        cls.custom_sections = instance.custom_sections
-        cls.cupti_manager = instance.kernel_timer
-        cls.reporter = instance.reporter
-        cls.report_interval_tracker = instance.report_interval_tracker
-        cls.original_callables = instance.original_callables
-        cls._cpu_handles = instance._cpu_handles
-        cls._kernel_handles = instance._kernel_handles
         fast = vars(instance).get("detection_section")
         if fast is not None:
-            # The instance's C dispatcher, called without binding (it has no __get__).
+            # The instance's C dispatcher, called without binding (it has no __get__);
+            # shutdown() puts the class method back.
             cls.detection_section = fast  # type: ignore[method-assign]
 
     @classmethod
@@ -353,30 +399,20 @@ class Detector:
         """Context manager timing the enclosed code as section ``name`` (see the guide).
 
         ``profiling_interval`` decides which entries are measured. ``name`` defaults to
-        the ``file:line`` of the call and may be used at one location only.
+        the ``file:line`` of the call.
         """
-        try:
-            h = (cls._kernel_handles if profile_cuda else cls._cpu_handles)[name]
-        except KeyError:
-            return cls._require()._sections.handle(name, profile_cuda, _getframe(1))
-        f = _getframe(1)
-        if f.f_code is not h.code or f.f_lasti != h.lasti:
-            cls._require()._sections.check_location(h, f)
-        return h
+        return cls._require()._sections.enter(name, profile_cuda, _getframe(1))
 
     @classmethod
     def wrap_callables(cls, callable_ids: list[CallableId], profile_cuda: bool = True) -> None:
         """Time each callable as section ``str(callable_id)``; may be called repeatedly."""
-        inst = cls._require()
-        inst.wrap_callables(callable_ids, profile_cuda)
-        cls.original_callables = inst.original_callables
+        cls._require().wrap_callables(callable_ids, profile_cuda)
 
     @classmethod
     def restore_original_callables(cls) -> None:
         """Put back every wrapped callable exactly as it was."""
         if cls._instance is not None:
             cls._instance.restore_original_callables()
-        cls.original_callables = {}
 
     @classmethod
     def generate_report(cls) -> Report | None:
@@ -398,11 +434,6 @@ class Detector:
         """Restore callables, release the kernel timer; safe to call at any time."""
         inst = cls._instance
         cls._instance = None
-        cls.initialized = False
-        cls.cupti_manager = None
-        cls.original_callables = {}
-        cls._cpu_handles = {}
-        cls._kernel_handles = {}
         cls.detection_section = _python_detection_section  # type: ignore[method-assign]
         if inst is not None:
             inst.close()

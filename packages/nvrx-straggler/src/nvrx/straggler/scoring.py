@@ -1,4 +1,4 @@
-"""Performance scores from window medians, for any number of ranks at once.
+"""Performance scores of one rank from window medians (NVRx's definitions).
 
 Scores run from 0 (worst) to 1 (matches the reference); ``0.5`` means twice as slow.
 
@@ -11,30 +11,33 @@ Relative reference: the smallest median among the ranks that ran the section or
 kernel in this window. A kernel counts for the relative GPU score only if every rank
 that recorded kernels ran it, so all ranks are compared on the same work; ranks that
 recorded no kernels do not shrink that common set. Individual reference: the rank's
-own baseline (see :class:`nvrx.straggler.reporting.ReportGenerator`).
+own baseline (see :mod:`nvrx.straggler.report_generator`).
 
-Instead of NaN, every score comes with a :class:`Comparability` code that says why a
-rank could not be scored. A median of zero counts as no data.
+Instead of a bare NaN, every score comes with a :class:`Comparability` code that says
+why a rank could not be scored. A median of zero counts as no data.
 
-The relative references are what one element-wise MIN all-reduce of the encoded
-vectors yields (:func:`encode_kernel_slots`, :func:`encode_section_slots`), so the
-same functions serve one rank, many ranks and the simulated benchmark.
+The relative references are what one element-wise MIN all-reduce of every rank's
+:func:`reference_slots` yields (:func:`decode_slots` reads it back). Each rank scores
+itself; these are plain Python over one rank's ``K`` kernels and ``S`` sections,
+because a handful of tensor operations on vectors this small cost more than the loop.
 """
 
 from __future__ import annotations
 
 import enum
-
-import torch
+import math
+from collections.abc import Sequence
 
 __all__ = [
     "Comparability",
     "decode_slots",
-    "encode_kernel_slots",
-    "encode_section_slots",
-    "gpu_scores",
-    "section_scores",
+    "gpu_score",
+    "reference_slots",
+    "section_score",
 ]
+
+_INF = math.inf
+_NAN = math.nan
 
 
 class Comparability(enum.IntEnum):
@@ -57,76 +60,73 @@ class Comparability(enum.IntEnum):
         }[self]
 
 
-def _present(meds: torch.Tensor) -> torch.Tensor:
-    return torch.isfinite(meds) & (meds > 0)
+def _present(med: float) -> bool:
+    return med > 0 and med != _INF  # False for NaN
 
 
-def encode_kernel_slots(meds: torch.Tensor) -> torch.Tensor:
-    """Encode one rank's kernel medians (NaN: not run) for a MIN all-reduce.
+def reference_slots(kernel_meds: Sequence[float], section_meds: Sequence[float]) -> list[float]:
+    """One rank's vector for the MIN all-reduce (NaN median: not run here).
 
-    ``meds`` is ``[K]`` for one rank or ``[R, K]`` for many (simulations).
-
-    Slots ``[0, K)``: the median, or +inf when absent, so MIN yields the reference.
-    Slots ``[K, 2K)``: 1.0 if the rank ran the kernel or recorded no kernel at all,
-    else 0.0, so MIN yields 1.0 exactly for kernels common to all recording ranks.
+    Slots ``[0, K)``: the kernel median, or +inf when absent, so MIN yields the
+    reference. Slots ``[K, 2K)``: 1.0 if the rank ran the kernel or recorded no kernel
+    at all, else 0.0, so MIN yields 1.0 exactly for kernels common to all recording
+    ranks. Slots ``[2K, 2K + S)``: the section median or +inf.
     """
-    present = _present(meds)
-    inf = torch.full_like(meds, float("inf"))
-    mins = torch.where(present, meds, inf)
-    recorded_none = ~present.any(dim=-1, keepdim=True)
-    common = (present | recorded_none).to(meds.dtype)
-    return torch.cat([mins, common], dim=-1)
-
-
-def encode_section_slots(meds: torch.Tensor) -> torch.Tensor:
-    """Encode one rank's section medians (NaN: not entered) for a MIN all-reduce."""
-    return torch.where(_present(meds), meds, torch.full_like(meds, float("inf")))
+    present = [_present(m) for m in kernel_meds]
+    recorded_none = not any(present)
+    mins = [m if p else _INF for m, p in zip(kernel_meds, present, strict=True)]
+    common = [1.0 if (p or recorded_none) else 0.0 for p in present]
+    sections = [m if _present(m) else _INF for m in section_meds]
+    return mins + common + sections
 
 
 def decode_slots(
-    reduced: torch.Tensor, num_kernels: int, num_sections: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Kernel references, the common-kernel mask and section references (NaN: none)."""
-    k_ref = reduced[:num_kernels].clone()
-    common = reduced[num_kernels : 2 * num_kernels] >= 1.0
-    s_ref = reduced[2 * num_kernels : 2 * num_kernels + num_sections].clone()
-    k_ref[~torch.isfinite(k_ref)] = float("nan")
-    s_ref[~torch.isfinite(s_ref)] = float("nan")
-    return k_ref, common & torch.isfinite(k_ref), s_ref
+    reduced: Sequence[float], num_kernels: int, num_sections: int
+) -> tuple[list[float], list[bool], list[float]]:
+    """Kernel references, which kernels may be compared, section references (NaN: none)."""
+    k = num_kernels
+    k_ref = [v if v != _INF else _NAN for v in reduced[:k]]
+    usable = [c >= 1.0 and _present(r) for c, r in zip(reduced[k : 2 * k], k_ref, strict=True)]
+    s_ref = [v if v != _INF else _NAN for v in reduced[2 * k : 2 * k + num_sections]]
+    return k_ref, usable, s_ref
 
 
-def gpu_scores(
-    meds: torch.Tensor, weights: torch.Tensor, ref: torch.Tensor, usable: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """GPU scores and codes of ``R`` ranks from ``[R, K]`` medians and weights.
+def gpu_score(
+    meds: Sequence[float],
+    weights: Sequence[float],
+    ref: Sequence[float],
+    usable: Sequence[bool] | None = None,
+) -> tuple[float, Comparability]:
+    """One rank's GPU score and its code from per-kernel medians, weights and references.
 
-    ``ref`` ``[K]`` is the reference per kernel (``[R, K]`` for per-rank baselines);
-    ``usable`` ``[K]`` says which kernels may be compared. Unscored ranks get NaN and
-    a non-zero :class:`Comparability` code.
+    ``usable`` (default: all) says which kernels may be compared.
     """
-    present = _present(meds)
-    ref_b = ref.expand_as(meds)
-    use = present & usable.expand_as(meds) & torch.isfinite(ref_b) & (ref_b > 0)
-    safe_meds = torch.where(use, meds, torch.ones_like(meds))
-    ratio = torch.where(use, ref_b / safe_meds, torch.zeros_like(meds))
-    w = torch.where(use, weights, torch.zeros_like(weights))
-    wsum = w.sum(dim=1)
-    score = (w * ratio).sum(dim=1) / torch.where(wsum > 0, wsum, torch.ones_like(wsum))
-    codes = torch.full(wsum.shape, int(Comparability.SCORED), dtype=torch.int64)
-    codes[wsum <= 0] = int(Comparability.ZERO_TIME)
-    codes[~use.any(dim=1)] = int(Comparability.NOTHING_IN_COMMON)
-    codes[~present.any(dim=1)] = int(Comparability.NO_DATA)
-    score[codes != 0] = float("nan")
-    return score, codes
+    any_present = False
+    any_used = False
+    num = 0.0
+    den = 0.0
+    for i, med in enumerate(meds):
+        if not _present(med):
+            continue
+        any_present = True
+        r = ref[i]
+        if not _present(r) or (usable is not None and not usable[i]):
+            continue
+        any_used = True
+        w = weights[i]
+        num += w * r / med
+        den += w
+    if not any_present:
+        return _NAN, Comparability.NO_DATA
+    if not any_used:
+        return _NAN, Comparability.NOTHING_IN_COMMON
+    if den <= 0:
+        return _NAN, Comparability.ZERO_TIME
+    return num / den, Comparability.SCORED
 
 
-def section_scores(meds: torch.Tensor, ref: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Section scores and codes from ``[R, S]`` medians and references (``[S]``/``[R, S]``)."""
-    present = _present(meds)
-    ref_b = ref.expand_as(meds)
-    ok = present & torch.isfinite(ref_b) & (ref_b > 0)
-    score = torch.where(ok, ref_b / torch.where(ok, meds, torch.ones_like(meds)), meds * 0)
-    codes = torch.full(meds.shape, int(Comparability.SCORED), dtype=torch.int64)
-    codes[~ok] = int(Comparability.NO_DATA)
-    score[~ok] = float("nan")
-    return score, codes
+def section_score(med: float, ref: float) -> tuple[float, Comparability]:
+    """One rank's score for one section (NaN median or reference: no data)."""
+    if _present(med) and _present(ref):
+        return ref / med, Comparability.SCORED
+    return _NAN, Comparability.NO_DATA
