@@ -333,6 +333,30 @@ def test_run_in_subprocess_has_nvrx_call_shape_and_process_handle(
         proc.kill()
 
 
+def test_nvrx_style_standalone_monitor_with_nvrx_env_var(
+    runtime_dir: pathlib.Path, tmp_path: pathlib.Path, events: Events
+) -> None:
+    from nvrx.ft.data import FT_RANK_MONITOR_IPC_SOCKET_ENV_VAR, MONITOR_SOCKET_ENV
+
+    assert FT_RANK_MONITOR_IPC_SOCKET_ENV_VAR == MONITOR_SOCKET_ENV
+    cfg = FaultToleranceConfig(rank_heartbeat_timeout=0.5, enable_gpu_monitor=False)
+    sock = runtime_dir / "monitor-0.sock"
+    proc = RankMonitorServer.run_in_subprocess(cfg, sock, events_socket=events.path)
+    env = {k: v for k, v in os.environ.items() if k != MONITOR_SOCKET_ENV}
+    env["FT_RANK_MONITOR_IPC_SOCKET"] = str(sock)  # what NVRx code sets by hand
+    worker = pathlib.Path(__file__).with_name("rank_worker.py")
+    steps = json.dumps([["init"], ["hb"], ["hang"]])
+    rank = subprocess.Popen([sys.executable, str(worker), steps], env=env, start_new_session=True)
+    try:
+        assert events.wait("rank_terminated").pid == rank.pid
+        rank.wait(timeout=30)
+    finally:
+        if rank.poll() is None:
+            os.killpg(rank.pid, signal.SIGKILL)
+            rank.wait()
+        proc.stop()
+
+
 @pytest.mark.parametrize("mode", [0o777, 0o1777, 0o755])
 def test_socket_in_a_shared_directory_is_refused_with_a_fix(
     tmp_path: pathlib.Path, mode: int

@@ -253,6 +253,7 @@ def test_client_without_socket_env_is_a_clear_error(monkeypatch: pytest.MonkeyPa
     from nvrx.ft import MONITOR_SOCKET_ENV, RankMonitorClient, RankMonitorClientError
 
     monkeypatch.delenv(MONITOR_SOCKET_ENV, raising=False)
+    monkeypatch.delenv("FT_RANK_MONITOR_IPC_SOCKET", raising=False)
     with pytest.raises(RankMonitorClientError, match=MONITOR_SOCKET_ENV):
         RankMonitorClient().init_workload_monitoring()
 

@@ -51,6 +51,7 @@ _NS = 1_000_000_000
 _CONTROL_TIMEOUT_S = 10.0
 _CONNECT_RETRY_S = 5.0
 _PROBE_PERIOD_NS = _NS
+_NVRX_SOCKET_ENV = "FT_RANK_MONITOR_IPC_SOCKET"
 _monotonic_ns = time.monotonic_ns
 
 
@@ -175,7 +176,8 @@ class RankMonitorClient:
             raise RankMonitorClientError(
                 f"num_warmup_iters={num_warmup_iters!r}: expected an integer >= 0"
             )
-        path = os.environ.get(MONITOR_SOCKET_ENV)
+        # NVRx's variable name, for code that sets it by hand next to run_in_subprocess.
+        path = os.environ.get(MONITOR_SOCKET_ENV) or os.environ.get(_NVRX_SOCKET_ENV)
         if not path:
             raise RankMonitorClientError(
                 f"${MONITOR_SOCKET_ENV} is not set: run the rank under ft_launcher "

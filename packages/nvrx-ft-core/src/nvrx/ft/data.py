@@ -19,7 +19,8 @@ __all__ = [
 
 #: Environment variable holding the path of this rank's monitor socket (set by the launcher).
 MONITOR_SOCKET_ENV = "NVRX_FT_MONITOR_SOCKET"
-#: NVRx's name for the same thing; its constant name points at ours.
+#: NVRx's constant name for the same thing; it holds our variable's name. The client also
+#: reads NVRx's variable ``FT_RANK_MONITOR_IPC_SOCKET`` when ours is not set.
 FT_RANK_MONITOR_IPC_SOCKET_ENV_VAR = MONITOR_SOCKET_ENV
 #: NVRx's rank-to-launcher socket variable. Workload control requests reach the launcher
 #: through the rank's monitor here, so nvrx never sets or reads it; the name exists
