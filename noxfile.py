@@ -34,7 +34,7 @@ TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 #: The CPythons every package claims (its classifiers); ``hotpath_matrix`` builds on each.
 PYTHONS = ["3.10", "3.11", "3.12", "3.13"]
 #: nvrx-straggler's tests of its C hot path that run without torch, and what they need.
-HOTPATH_TESTS = [str(ROOT / "packages" / "nvrx-straggler" / "tests" / "test_hotpath.py")]
+HOTPATH_TESTS = [str(ROOT / "packages" / "nvrx-straggler" / "tests" / "test_hotpath_parity.py")]
 HOTPATH_TEST_TOOLS = ["pytest>=8", "pytest-timeout>=2.3"]
 
 # Each distribution and the siblings it declares, in install order.
@@ -300,7 +300,7 @@ def hotpath_matrix(session: nox.Session) -> None:
         session.run(*install, *HOTPATH_TEST_TOOLS, external=True)
         session.run(*install, "--no-deps", _pkg_dir("nvrx-straggler"), external=True)
         session.run(
-            vpython, *pytest_args(session, *HOTPATH_TESTS)[1:], *session.posargs,
+            vpython, "-m", *pytest_args(session, *HOTPATH_TESTS), *session.posargs,
             env={"NVRX_REQUIRE_HOTPATH": "1"}, external=True,
         )  # fmt: skip
         shutil.rmtree(venv)
