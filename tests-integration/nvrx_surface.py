@@ -1198,6 +1198,39 @@ def _script_args() -> object:
     return (args.training_script, args.training_script_args)
 
 
+def _report_with_nvrx_fields_only() -> object:
+    from nvrx.straggler import Report
+
+    report = Report(
+        gpu_relative_perf_scores={0: 1.0, 1: 0.5},
+        section_relative_perf_scores={},
+        gpu_individual_perf_scores={0: 1.0, 1: 1.0},
+        section_individual_perf_scores={},
+        rank_to_node={0: "node0", 1: "node1"},
+        local_section_summaries={},
+        local_kernel_summaries={},
+        generate_report_elapsed_time=0.0,
+        gather_on_rank0=True,
+        rank=0,
+    )
+    found = report.identify_stragglers()
+    return sorted((r.rank, r.node) for r in found["straggler_gpus_relative"])
+
+
+def _section_name_reused() -> object:
+    from nvrx.straggler import Detector
+
+    Detector.initialize(scores_to_compute=["individual_perf_scores"], gather_on_rank0=False)
+    try:
+        with Detector.detection_section("fwd", profile_cuda=False):
+            pass
+        with Detector.detection_section("fwd", profile_cuda=False):
+            pass
+        return Detector.custom_sections["fwd"].total_entry_cnt
+    finally:
+        Detector.shutdown()
+
+
 BEHAVIOURS: tuple[Behaviour, ...] = (
     Behaviour(
         "exit code after the launcher got SIGTERM (forwarded to every rank)",
@@ -1330,6 +1363,22 @@ BEHAVIOURS: tuple[Behaviour, ...] = (
         "launcher options are matched by their full names only",
         _script_args,
         ("train.py", ["--n", "20", "--nproc", "4", "--max", "3"]),
+    ),
+    Behaviour(
+        "Report(...) with NVRx's fields only",
+        "constructible",
+        "constructible (our extra fields have defaults)",
+        "code that builds reports (tests, tools) keeps working",
+        _report_with_nvrx_fields_only,
+        [(1, "node1")],
+    ),
+    Behaviour(
+        "detection_section with a name used at another code location",
+        "records into the same section (the uniqueness check is commented out)",
+        "records into the same section; logged once, never raises",
+        "a training loop must not fail over a section name",
+        _section_name_reused,
+        2,
     ),
     Behaviour(
         "start_section with a name that has no timeout",

@@ -356,3 +356,52 @@ def test_nemo_sections_callback_and_straggler_recipe(launch: Launch, out_dir: pa
     # CPU only section scores exist: no kernels, so no GPU score).
     metrics = set(done[0]["metrics"])
     assert "section_relative_perf/DDPStrategy.training_step/min" in metrics, metrics
+
+
+@pytest.mark.timeout(60)
+def test_monitor_started_without_ft_launcher(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """NVRx's ``RankMonitorServer.run_in_subprocess(cfg, ipc_socket_path,
+    is_restarter_logger=False, mp_ctx=None)``, for people who run monitors themselves: it
+    returns once the monitor listens, a rank connects through NVRx's variable name, a
+    section without a timeout is unmonitored and logged once, and the handle stops the
+    monitor like a ``multiprocessing.Process``. A socket in /tmp itself is refused."""
+    from nvrx.ft import FaultToleranceConfig, RankMonitorClient, RankMonitorServer
+    from nvrx.ft.data import FT_RANK_MONITOR_IPC_SOCKET_ENV_VAR
+
+    cfg = FaultToleranceConfig(rank_section_timeouts={"step": 30.0}, rank_heartbeat_timeout=30.0)
+    with pytest.raises(PermissionError, match="mkdir -m 700"):
+        RankMonitorServer.run_in_subprocess(cfg, "/tmp/_ft_rmon0.socket")
+    private = tmp_path / "rmon"
+    private.mkdir(mode=0o700)
+    socket_path = private / "rmon0.socket"
+    proc = RankMonitorServer.run_in_subprocess(
+        cfg, str(socket_path), is_restarter_logger=False, mp_ctx=None
+    )
+    try:
+        assert proc.is_alive()
+        assert proc.exitcode is None
+        monkeypatch.setenv(FT_RANK_MONITOR_IPC_SOCKET_ENV_VAR, str(socket_path))
+        monkeypatch.setenv("RANK", "0")
+        monkeypatch.setenv("LOCAL_RANK", "0")
+        client = RankMonitorClient()
+        client.init_workload_monitoring()
+        client.send_heartbeat()
+        client.start_section("step")
+        client.end_section("step")
+        with caplog.at_level("WARNING"):
+            for _ in range(3):
+                client.start_section("data_loading")
+                client.end_section("data_loading")
+        named = [r for r in caplog.records if "data_loading" in r.getMessage()]
+        assert len(named) == 1, [r.getMessage() for r in named]
+        client.shutdown_workload_monitoring()
+    finally:
+        proc.terminate()
+        proc.join(10)
+        if proc.is_alive():
+            proc.kill()
+            proc.join(10)
+    assert not proc.is_alive()
+    assert proc.exitcode is not None
