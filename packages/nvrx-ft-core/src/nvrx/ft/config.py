@@ -343,6 +343,8 @@ _LAUNCHER_PROGRESS = (
 
 #: Fields whose values other than the default were already logged as without effect.
 _warned_without_effect: set[str] = set()
+#: Config files already reported as having no fault_tolerance section.
+_warned_no_section: set[str] = set()
 _quiet_depth = 0
 
 
@@ -679,7 +681,9 @@ class FaultToleranceConfig:
             try:
                 values = dataclasses.asdict(cls.from_yaml_file(cfg_path))
             except NoFtSectionError as exc:
-                _logger.warning("%s; using the defaults and the --ft-* options", exc)
+                if os.fspath(cfg_path) not in _warned_no_section:  # the launcher parses twice
+                    _warned_no_section.add(os.fspath(cfg_path))
+                    _logger.warning("%s; using the defaults and the --ft-* options", exc)
         given: dict[str, Any] = {}
         for name in cls.cli_field_names():
             value = getattr(args, f"ft_{name}", None)
