@@ -18,6 +18,7 @@ import platform
 import shutil
 import subprocess
 import sys
+import zipfile
 
 import nox
 
@@ -319,7 +320,26 @@ def bench(session: nox.Session) -> None:
     """Every benchmark of the four packages: one JSON file, a table and docs/benchmarks.md."""
     install_packages(session, list(PACKAGES), *STACK_EXTRAS)
     args = session.posargs or ["--publish", "docs/benchmarks.md"]
-    session.run("python", "benchmarks/run.py", *args)
+    session.run("python", "benchmarks/run.py", *args, env=nvrx_reference(session))
+
+
+def nvrx_reference(session: nox.Session) -> dict[str, str]:
+    """NVRx 0.4.1 unpacked beside the venv (not installed: its own ``ft_launcher`` script
+    would replace ours), so bench_straggler.py times NVRx's generate_report in the same
+    run; ``NVRX_REFERENCE_PATH`` tells it where. Without it (no network, or no wheel for
+    this CPython: NVRx ships one for 3.11 only) the bench scales the issue's figures."""
+    ref = pathlib.Path(session.create_tmp()) / "nvrx-reference"
+    if not any(ref.glob("nvidia_resiliency_ext-*.dist-info")):
+        download = ["python", "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:"]
+        try:
+            session.run(*download, "-d", str(ref / "wheel"), "nvidia-resiliency-ext==0.4.1")
+        except nox.command.CommandFailed:
+            session.warn("nvidia-resiliency-ext 0.4.1 cannot be downloaded: no NVRx baseline")
+            return {}
+        for wheel in (ref / "wheel").glob("*.whl"):
+            with zipfile.ZipFile(wheel) as zf:
+                zf.extractall(ref)
+    return {"NVRX_REFERENCE_PATH": str(ref)}
 
 
 def gpu_required(env: dict[str, str] | os._Environ[str] = os.environ) -> bool:

@@ -4,7 +4,8 @@
 checks the core metadata PyPI and pip users read (SPDX license expression, the license
 file itself, the project URLs, no deprecated ``License ::`` classifier, a classifier for
 every CPython we claim, a long description without repository-relative links) and what
-the archive holds (``py.typed``, no tests in wheels, no ``nvrx/__init__.py``, and
+the archive holds (every file of the package's ``src/``: modules, ``py.typed``, JSON
+schemas; no tests in wheels, no ``nvrx/__init__.py``, and
 nvrx-straggler's compiled hot path in its binary wheels, never its C source).
 
 Usage: ``python tools/check_dist.py DIST_DIR [--expect-hotpath]``.
@@ -26,6 +27,8 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 PYTHONS = ("3.10", "3.11", "3.12", "3.13")
 URL_LABELS = ("Homepage", "Documentation", "Source", "Issues", "Changelog")
 DISTRIBUTIONS = ("nvrx-ft-core", "nvrx-ft-launcher", "nvrx-straggler", "nvrx-ptl")
+# Files of a package's src/ that its wheels do not carry as they are (built, or not shipped).
+_NOT_SHIPPED = (".c", ".so", ".pyd", ".pyc")
 # A Markdown link or image whose target is neither absolute nor an in-page anchor.
 _RELATIVE_LINK = re.compile(r"!?\[[^\]]*\]\((?!https?://|#|mailto:)([^)\s]+)\)")
 
@@ -109,6 +112,20 @@ def metadata_problems(art: Artifact, license_text: bytes) -> list[str]:
     return out
 
 
+def source_files(name: str) -> list[str]:
+    """Every file of ``packages/<name>/src`` a wheel must carry (its modules, stubs,
+    ``py.typed``, JSON schemas...), relative to ``src``; empty for an unknown package."""
+    src = ROOT / "packages" / name / "src"
+    return sorted(
+        str(p.relative_to(src))
+        for p in src.rglob("*")
+        if p.is_file()
+        and p.suffix not in _NOT_SHIPPED
+        and "__pycache__" not in p.parts
+        and not any(part.endswith(".egg-info") for part in p.parts)
+    )
+
+
 def content_problems(art: Artifact, expect_hotpath: bool) -> list[str]:
     """What is wrong with what one artifact holds."""
     names = art.names
@@ -122,6 +139,9 @@ def content_problems(art: Artifact, expect_hotpath: bool) -> list[str]:
     if not any(n.endswith("/py.typed") for n in names):
         out.append("no py.typed")
     out += [f"ships test file {n}" for n in names if "/tests/" in n or n.startswith("tests/")]
+    held = set(names)
+    name = str(art.metadata.get("Name"))
+    out += [f"lacks {f} of its src/" for f in source_files(name) if f not in held]
     if art.metadata.get("Name") == "nvrx-straggler":
         out += [f"ships C source {n}" for n in names if n.endswith(".c")]
         built = [n for n in names if n.startswith("nvrx/straggler/_hotpath.")]
