@@ -1079,19 +1079,6 @@ FLAGS: tuple[Flag, ...] = (
         "one JSON line per launcher event",
     ),
     Flag(
-        (
-            "--ft-progress_file",
-            "--ft-max_no_progress_restarts",
-            "--ft-no_restart_exit_code",
-            "--ft_no_restart_exit_code",
-            "--ft-restart_policy",
-        ),
-        "(same)",
-        Status.ADDED,
-        "",
-        "underscore spellings of the options above",
-    ),
-    Flag(
         ("--warm-spares", "--warm-spare-preload"),
         "--warm-spares",
         Status.ADDED,
@@ -1231,6 +1218,42 @@ def _section_name_reused() -> object:
         Detector.shutdown()
 
 
+def _empty_yaml_and_missing_path() -> object:
+    import tempfile
+
+    from nvrx.ft import FaultToleranceConfig
+    from nvrx.launcher.cli import get_parser
+
+    parser = get_parser()
+    with tempfile.TemporaryDirectory() as tmp:
+        empty = pathlib.Path(tmp) / "empty.yaml"
+        empty.write_text("", encoding="utf-8")
+        args = parser.parse_args(
+            [f"--ft-cfg-path={empty}", "--ft-rank-heartbeat-timeout=5", "train.py"]
+        )
+        from_empty = FaultToleranceConfig.from_args(args).rank_heartbeat_timeout
+        missing = parser.parse_args([f"--ft-cfg-path={empty}.missing", "train.py"])
+        try:
+            FaultToleranceConfig.from_args(missing)
+        except FileNotFoundError:
+            return (from_empty, "FileNotFoundError")
+    return (from_empty, "accepted")
+
+
+def _nvrx_values() -> object:
+    from nvrx.ft import FaultToleranceConfig
+
+    by_number = FaultToleranceConfig(rank_termination_signal=9)  # type: ignore[arg-type]
+    by_name = FaultToleranceConfig.from_kwargs(rank_termination_signal="sigterm")
+    template = FaultToleranceConfig(link_down_path_template="/sys/{dev_name}/link_downed")
+    return (
+        by_number.rank_termination_signal.name,
+        by_name.rank_termination_signal.name,
+        template.link_down_path_template is not None,
+        FaultToleranceConfig(restart_check_interval=30.0).restart_check_interval,
+    )
+
+
 BEHAVIOURS: tuple[Behaviour, ...] = (
     Behaviour(
         "exit code after the launcher got SIGTERM (forwarded to every rank)",
@@ -1363,6 +1386,23 @@ BEHAVIOURS: tuple[Behaviour, ...] = (
         "launcher options are matched by their full names only",
         _script_args,
         ("train.py", ["--n", "20", "--nproc", "4", "--max", "3"]),
+    ),
+    Behaviour(
+        "an empty YAML file plus --ft-* options; a --ft-cfg-path that does not exist",
+        "0.7: a valid config (0.4.1 raised 'No fault tolerance configuration provided'); an error",
+        "a valid config; an error (exit code 2 naming the file)",
+        "as 0.7; a typo in a path must not silently run with defaults",
+        _empty_yaml_and_missing_path,
+        (5.0, "FileNotFoundError"),
+    ),
+    Behaviour(
+        "NVRx's values: rank_termination_signal 9 or 'sigterm', link_down_path_template "
+        "with {dev_name}, restart_check_interval as a constructor argument",
+        "accepted",
+        "accepted (restart_check_interval has no effect here and says so once)",
+        "configurations written for NVRx load unchanged",
+        _nvrx_values,
+        ("SIGKILL", "SIGTERM", True, 30.0),
     ),
     Behaviour(
         "Report(...) with NVRx's fields only",
