@@ -411,3 +411,12 @@ def test_no_restart_exit_code_is_what_the_progress_rule_exits_with(
     finished = json.loads((launcher.out / "journal.jsonl").read_text().splitlines()[-1])
     assert finished["event"] == "finished"
     assert finished["exit_code"] == 17
+
+
+def test_nvrx_spellings_of_config_field_options_set_the_field() -> None:
+    args = get_parser().parse_args(
+        ["--ft-storage-health-check-path", "/data", "--ft_segment", "4", "x.py"]
+    )
+    cfg = FaultToleranceConfig.from_args(args)
+    assert cfg.storage_healthcheck_path == "/data"
+    assert cfg.segment == 4
