@@ -235,7 +235,8 @@ def integration(session: nox.Session) -> None:
 def build(session: nox.Session) -> None:
     """Build every wheel and sdist with hatch (nvrx-straggler's through setuptools, for
     its C extension); check their metadata and contents (tools/check_dist.py, twine
-    check --strict); install each wheel alone and import it."""
+    check --strict); install each wheel alone and import it, and nvrx-straggler's sdist
+    where no C compiler works."""
     session.install("hatch>=1.9", "twine>=6.1")
     dist = ROOT / "dist"
     shutil.rmtree(dist, ignore_errors=True)
@@ -266,6 +267,37 @@ def build(session: nox.Session) -> None:
             check += "; from nvrx.straggler.sections import HOT_PATH; assert HOT_PATH == 'c'"
         session.run(python, "-c", check, external=True)
         shutil.rmtree(venv)
+    sdist_without_compiler(session, next(dist.glob("nvrx_straggler-*.tar.gz")))
+
+
+# Run where nvrx-straggler was installed without its extension: the Python path runs,
+# and one INFO line at import says so.
+_PYTHON_PATH_CHECK = """
+import logging
+records = []
+handler = logging.Handler(logging.INFO)
+handler.emit = records.append
+logging.getLogger("nvrx.straggler").addHandler(handler)
+logging.getLogger("nvrx.straggler").setLevel(logging.INFO)
+from nvrx.straggler import sections, statistics
+assert sections.HOT_PATH == "python", sections.HOT_PATH
+said = [r for r in records if "HOT_PATH" in r.getMessage()]
+assert len(said) == 1 and said[0].levelno == logging.INFO, [r.getMessage() for r in records]
+print("without a compiler: HOT_PATH == 'python', said once at INFO")
+"""
+
+
+def sdist_without_compiler(session: nox.Session, sdist: pathlib.Path) -> None:
+    """nvrx-straggler's sdist installs where no C compiler works (``CC=false``) and
+    runs its Python path, saying so once at import (no torch needed for that part)."""
+    venv = pathlib.Path(session.create_tmp()) / "no-compiler"
+    shutil.rmtree(venv, ignore_errors=True)
+    session.run(sys.executable, "-m", "venv", str(venv), external=True)
+    python = str(venv / "bin" / "python")
+    install = [python, "-m", "pip", "install", "-q", "--no-deps", str(sdist)]
+    session.run(*install, env={"CC": "false"}, external=True)
+    session.run(python, "-c", _PYTHON_PATH_CHECK, external=True)
+    shutil.rmtree(venv)
 
 
 def find_python(version: str) -> str | None:
