@@ -221,18 +221,20 @@ def test_missing_license_and_missing_artifacts(tmp_path: pathlib.Path) -> None:
     assert "nvrx-demo" not in check_dist.DISTRIBUTIONS
 
 
-def test_sdist_is_read_with_its_license(tmp_path: pathlib.Path) -> None:
-    path = tmp_path / "nvrx_demo-0.1.0.tar.gz"
+def write_sdist(path: pathlib.Path, files: dict[str, bytes]) -> pathlib.Path:
+    """An sdist holding ``files`` under its top folder."""
+    top = path.name.removesuffix(".tar.gz")
     with tarfile.open(path, "w:gz") as tf:
-        for name, data in [
-            ("PKG-INFO", GOOD_METADATA.encode()),
-            ("LICENSE", b"the license"),
-            ("pyproject.toml", b""),
-        ]:
-            info = tarfile.TarInfo(f"nvrx_demo-0.1.0/{name}")
+        for name, data in files.items():
+            info = tarfile.TarInfo(f"{top}/{name}")
             info.size = len(data)
             tf.addfile(info, io.BytesIO(data))
-    art = check_dist.read_sdist(path)
+    return path
+
+
+def test_sdist_is_read_with_its_license(tmp_path: pathlib.Path) -> None:
+    files = {"PKG-INFO": GOOD_METADATA.encode(), "LICENSE": b"the license", "pyproject.toml": b""}
+    art = check_dist.read_sdist(write_sdist(tmp_path / "nvrx_demo-0.1.0.tar.gz", files))
     assert check_dist.metadata_problems(art, b"the license") == []
     assert check_dist.content_problems(art, expect_hotpath=True) == []
 
@@ -305,3 +307,11 @@ def test_torch_index_default_keeps_a_local_wheel_else_takes_the_cpu_index(
     assert noxfile.torch_index(sys.executable, {}) == []
     monkeypatch.setattr(noxfile, "TORCH_SPEC", "torch==1.0.1")
     assert noxfile.torch_index(sys.executable, {}) == ["--index-url", noxfile.TORCH_CPU_INDEX]
+
+
+def test_straggler_sdist_needs_its_c_source(tmp_path: pathlib.Path) -> None:
+    meta = GOOD_METADATA.replace("Name: nvrx-demo", "Name: nvrx-straggler").encode()
+    path = write_sdist(tmp_path / "nvrx_straggler-0.1.0.tar.gz", {"PKG-INFO": meta})
+    found = check_dist.content_problems(check_dist.read_sdist(path), expect_hotpath=True)
+    assert "lacks src/nvrx/straggler/_hotpath.c" in found
+    assert "lacks src/nvrx/straggler/sections.py" in found

@@ -27,8 +27,10 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 PYTHONS = ("3.10", "3.11", "3.12", "3.13")
 URL_LABELS = ("Homepage", "Documentation", "Source", "Issues", "Changelog")
 DISTRIBUTIONS = ("nvrx-ft-core", "nvrx-ft-launcher", "nvrx-straggler", "nvrx-ptl")
-# Files of a package's src/ that its wheels do not carry as they are (built, or not shipped).
-_NOT_SHIPPED = (".c", ".so", ".pyd", ".pyc")
+# Files of a package's src/ that its wheels do not carry as they are (built, or not shipped);
+# its sdist carries the C source too.
+_NOT_IN_WHEEL = (".c", ".so", ".pyd", ".pyc")
+_NOT_IN_SDIST = (".so", ".pyd", ".pyc")
 # A Markdown link or image whose target is neither absolute nor an in-page anchor.
 _RELATIVE_LINK = re.compile(r"!?\[[^\]]*\]\((?!https?://|#|mailto:)([^)\s]+)\)")
 
@@ -112,7 +114,7 @@ def metadata_problems(art: Artifact, license_text: bytes) -> list[str]:
     return out
 
 
-def source_files(name: str) -> list[str]:
+def source_files(name: str, skip: tuple[str, ...] = _NOT_IN_WHEEL) -> list[str]:
     """Every file of ``packages/<name>/src`` a wheel must carry (its modules, stubs,
     ``py.typed``, JSON schemas...), relative to ``src``; empty for an unknown package."""
     src = ROOT / "packages" / name / "src"
@@ -120,7 +122,7 @@ def source_files(name: str) -> list[str]:
         str(p.relative_to(src))
         for p in src.rglob("*")
         if p.is_file()
-        and p.suffix not in _NOT_SHIPPED
+        and p.suffix not in skip
         and "__pycache__" not in p.parts
         and not any(part.endswith(".egg-info") for part in p.parts)
     )
@@ -133,6 +135,12 @@ def content_problems(art: Artifact, expect_hotpath: bool) -> list[str]:
     if not art.is_wheel:
         if not any(n.endswith("/pyproject.toml") and n.count("/") == 1 for n in names):
             out.append("the sdist has no pyproject.toml")
+        inside = {n.split("/", 1)[1] for n in names if "/" in n}
+        out += [
+            f"lacks src/{f}"
+            for f in source_files(str(art.metadata.get("Name")), _NOT_IN_SDIST)
+            if f"src/{f}" not in inside
+        ]
         return out
     if "nvrx/__init__.py" in names:
         out.append("ships nvrx/__init__.py: nvrx is a namespace package")
