@@ -442,7 +442,7 @@ def _simulated_report(ranks: int, kernels: int, sections: int, reps: int) -> dic
         t1 = time.perf_counter_ns()
         vectors.min(dim=0)
         t2 = time.perf_counter_ns()
-        rows = GatheredRows(range(ranks), matrix.T.tolist())
+        rows = GatheredRows(range(ranks), matrix.T.contiguous().tolist())
         t3 = time.perf_counter_ns()
         report = rank0.assemble(rows, s_sum, k_sum, None)
         t4 = time.perf_counter_ns()

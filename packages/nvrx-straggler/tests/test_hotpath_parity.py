@@ -407,3 +407,29 @@ def test_custom_section_keeps_nvrx_constructor() -> None:
     assert "total_entry_cnt=6" in repr(s)
     with pytest.raises(ValueError, match="max_elapseds_len"):
         CustomSection("n", "f.py:1", max_elapseds_len=0)
+
+
+_NO_COMPILER = """
+import logging, sys
+logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s %(message)s")
+sys.modules["nvrx.straggler._hotpath"] = None  # as an sdist installed without a compiler
+from nvrx.straggler import sections, statistics
+import nvrx.straggler.kernels
+print("HOT_PATH", sections.HOT_PATH, statistics.summarize([1.0, 3.0])[statistics.Statistic.MED])
+"""
+
+
+def test_without_the_extension_the_python_path_runs_and_says_so_once() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "NVRX_STRAGGLER_PURE_PYTHON"}
+    done = subprocess.run(
+        [sys.executable, "-c", _NO_COMPILER],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=90,
+        check=True,
+    )
+    assert "HOT_PATH python 2.0" in done.stdout
+    said = [line for line in done.stderr.splitlines() if "is not built" in line]
+    assert len(said) == 1, done.stderr
+    assert said[0].startswith("INFO nvrx.straggler ")

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+from typing import Any
+
+import pytest
 
 from nvrx.straggler import NonComparable, Report, Statistic, StragglerId
 
@@ -68,3 +71,37 @@ def test_json_form_has_string_keys_units_and_no_nan() -> None:
         "section": None,
     }
     assert data["rank_to_node"]["3"] == "b"
+
+
+def test_a_report_with_nvrx_fields_only_is_constructible() -> None:
+    # NVRx's ten fields, positionally as NVRx defines them; ours have defaults.
+    report = Report({0: 1.0}, {}, {0: 0.5}, {}, {0: "n"}, {}, {}, 0.1, False, 0)
+    assert report.non_comparable == ()
+    assert report.sustained_slowdowns == ()
+    assert report.identify_stragglers()["straggler_gpus_individual"] == {StragglerId(0, "n")}
+    assert report.identify_sustained_stragglers()["straggler_gpus_relative"] == set()
+
+
+def test_json_form_follows_its_schema_with_null_for_nan() -> None:
+    import dataclasses
+    import importlib
+
+    jsonschema: Any = importlib.import_module("jsonschema")  # test group; untyped
+
+    from nvrx.straggler.report_format import REPORT_SCHEMA_VERSION, json_schema
+
+    schema = json_schema()
+    jsonschema.Draft202012Validator.check_schema(schema)
+    nan = dataclasses.replace(make_report(), gpu_relative_perf_scores={0: 1.0, 3: float("nan")})
+    for report in (make_report(), nan):
+        data = json.loads(report.to_json())
+        jsonschema.validate(data, schema)
+        assert (
+            data["schema_version"]
+            == REPORT_SCHEMA_VERSION
+            == schema["properties"]["schema_version"]["const"]
+        )
+    assert json.loads(nan.to_json())["gpu_relative_perf_scores"] == {"0": 1.0, "3": None}
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({**json.loads(nan.to_json()), "extra": 1}, schema)
+    assert "worst 1 of 1 ranks" in nan.format_table()  # NaN is not ranked

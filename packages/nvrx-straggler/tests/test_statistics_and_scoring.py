@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import statistics
 from collections.abc import Callable, Sequence
@@ -182,3 +183,39 @@ def test_no_kernels_on_one_rank_is_nan_with_a_reason() -> None:
     assert '"gpu_relative_perf_scores": {"0": null}' in report.to_json()
     assert "Not comparable" in report.format_table()
     assert report.identify_stragglers()["straggler_gpus_relative"] == set()
+
+
+def test_unscored_ranks_are_logged_once_per_process(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A lasting condition (here: no kernels on any rank, as on CPU) is said once, while
+    # every report keeps listing it in non_comparable (issue 15.12).
+    from nvrx.straggler import report_generator
+    from nvrx.straggler.rank_row import GatheredRows, RankRow
+
+    monkeypatch.setattr(report_generator, "_told", set())  # a fresh process
+
+    gen = ReportGenerator(node_name="n")
+    gen.name_mapper.assign([(["s"], [])])
+    rows = [
+        RankRow(
+            section_individual=[1.0],
+            section_individual_code=[0.0],
+            section_relative=[1.0],
+            section_relative_code=[0.0],
+            section_median_ms=[2.0],
+        ).encode()
+        for _ in range(3)
+    ]
+    reports = []
+    with caplog.at_level(logging.WARNING, logger="nvrx.straggler"):
+        for _ in range(3):
+            reports.append(gen.assemble(GatheredRows.from_rows(range(3), rows), {}, {}, None))
+    said = [
+        r.getMessage() for r in caplog.records if "have no gpu_relative score" in r.getMessage()
+    ]
+    assert len(said) == 1, said
+    assert "3 rank(s)" in said[0]
+    for report in reports:
+        assert sorted(report.gpu_relative_perf_scores) == [0, 1, 2]
+        assert {n.rank for n in report.non_comparable if n.score == "gpu_relative"} == {0, 1, 2}

@@ -24,8 +24,7 @@ missing from a report, or with NaN, starts over. The trade-off is measured in
 from __future__ import annotations
 
 import dataclasses
-import statistics
-from collections import deque
+import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
@@ -35,6 +34,8 @@ if TYPE_CHECKING:
     from nvrx.straggler.report import Report
 
 __all__ = ["SustainedSlowdown", "SustainedSlowdownRule"]
+
+_INF = math.inf
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,7 +69,7 @@ class SustainedSlowdownRule:
         self.windows = windows
         self.min_ranks = min_ranks
         # score key (None: GPU) -> rank -> slowdowns of the last reports in a row
-        self._runs: dict[str | None, dict[int, deque[float]]] = {}
+        self._runs: dict[str | None, dict[int, tuple[float, ...]]] = {}
 
     def __repr__(self) -> str:
         return (
@@ -95,7 +96,7 @@ class SustainedSlowdownRule:
         return tuple(flagged)
 
     def _update_one(self, key: str | None, scores: Mapping[int, float]) -> list[SustainedSlowdown]:
-        finite = [s for s in scores.values() if s > 0 and s == s and s != float("inf")]
+        finite = [s for s in scores.values() if 0 < s < _INF]  # False for NaN
         if len(finite) < self.min_ranks:
             self._runs.pop(key, None)
             return []
@@ -103,30 +104,34 @@ class SustainedSlowdownRule:
         half = self.min_slowdown / 2
         limit = median / (1 + half)  # slowdown >= half  <=>  score <= limit
         old = self._runs.get(key, {})
-        runs: dict[int, deque[float]] = {}
+        keep = self.windows - 1
+        runs: dict[int, tuple[float, ...]] = {}
         out: list[SustainedSlowdown] = []
         for rank, score in scores.items():
-            if not (0 < score <= limit):  # also False for NaN
+            if not 0 < score <= limit:  # most ranks, and NaN, stop here
                 continue
-            run = old.get(rank)
-            if run is None:
-                run = deque(maxlen=self.windows)
-            run.append(median / score - 1)
+            previous = old.get(rank, ())
+            run = (
+                (*previous[len(previous) - keep :], median / score - 1)
+                if keep
+                else (median / score - 1,)
+            )
             runs[rank] = run
             if len(run) == self.windows:
-                mean = statistics.fmean(run)
+                mean = sum(run) / self.windows
                 if mean >= self.min_slowdown:
-                    what = "GPU" if key is None else f"section {key!r}"
-                    out.append(
-                        SustainedSlowdown(
-                            rank,
-                            key,
-                            mean,
-                            self.windows,
-                            f"rank {rank}: {what} {mean:.1%} slower than the median rank "
-                            f"on average over the last {self.windows} reports (each at "
-                            f"least {half:.1%}; threshold {self.min_slowdown:.1%})",
-                        )
-                    )
+                    out.append(self._flag(rank, key, mean, half))
         self._runs[key] = runs
         return out
+
+    def _flag(self, rank: int, key: str | None, mean: float, half: float) -> SustainedSlowdown:
+        what = "GPU" if key is None else f"section {key!r}"
+        return SustainedSlowdown(
+            rank,
+            key,
+            mean,
+            self.windows,
+            f"rank {rank}: {what} {mean:.1%} slower than the median rank on average over "
+            f"the last {self.windows} reports (each at least {half:.1%}; threshold "
+            f"{self.min_slowdown:.1%})",
+        )

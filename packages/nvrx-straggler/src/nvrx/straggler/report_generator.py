@@ -211,7 +211,7 @@ class ReportGenerator:
             gathered = comm.gather_rows(torch.tensor(row.encode(), dtype=torch.float64))
             if gathered is None:
                 return None
-            rows = GatheredRows(range(self.world_size), gathered.T.tolist())
+            rows = GatheredRows(range(self.world_size), gathered.T.contiguous().tolist())
         else:
             rows = GatheredRows.from_rows([self.rank], [row.encode()])
         report = self.assemble(rows, sections, kernels, kernel_status)
@@ -370,10 +370,10 @@ class ReportGenerator:
             what: str,
             section: str | None = None,
         ) -> dict[int, float]:
-            for i, c in enumerate(codes):
-                if c:
+            if any(codes):
+                for i in [i for i, c in enumerate(codes) if c]:
                     r = ranks[i]
-                    reason = Comparability(int(c)).describe(what)
+                    reason = Comparability(int(codes[i])).describe(what)
                     if section is None and r == self.rank:
                         reason += own_reason
                     missing.append(NonComparable(kind, r, reason, section))
