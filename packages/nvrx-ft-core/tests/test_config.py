@@ -55,6 +55,7 @@ def test_from_kwargs_normalises_types() -> None:
 def _fresh_warnings() -> None:
     """Each test sees the once-per-process without-effect warnings afresh."""
     config_module._warned_without_effect.clear()
+    config_module._warned_unknown.clear()
 
 
 def test_from_kwargs_unknown_fields(caplog: pytest.LogCaptureFixture) -> None:
@@ -309,6 +310,11 @@ def test_nemo_job_yaml_loads_with_one_warning(
     for key in ("calculate_timeouts", "max_subsequent_job_failures", "simulated_fault"):
         assert key in record.message
     assert "did you mean 'initial_rank_heartbeat_timeout'" in record.message
+    # Read again (as ft_launcher's two parses do): the same unknown keys are not repeated.
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="nvrx.ft.config"):
+        FaultToleranceConfig.from_yaml_file(path)
+    assert not [r for r in caplog.records if "not FaultToleranceConfig fields" in r.message]
     with pytest.raises(ValueError, match=r"nemo\.yaml.*calculate_timeouts"):
         FaultToleranceConfig.from_yaml_file(path, ignore_not_recognized=False)
 

@@ -343,6 +343,8 @@ _LAUNCHER_PROGRESS = (
 
 #: Fields whose values other than the default were already logged as without effect.
 _warned_without_effect: set[str] = set()
+#: Sets of unknown names already reported (each set once per process).
+_warned_unknown: set[tuple[str, ...]] = set()
 #: Config files already reported as having no fault_tolerance section.
 _warned_no_section: set[str] = set()
 _quiet_depth = 0
@@ -635,10 +637,12 @@ class FaultToleranceConfig:
                 raise ValueError(
                     f"Not recognized FaultToleranceConfig fields: {'; '.join(described)}"
                 )
-            _logger.warning(
-                "ignoring settings that are not FaultToleranceConfig fields: %s",
-                "; ".join(described),
-            )
+            if tuple(unknown) not in _warned_unknown:  # the launcher reads its file twice
+                _warned_unknown.add(tuple(unknown))
+                _logger.warning(
+                    "ignoring settings that are not FaultToleranceConfig fields: %s",
+                    "; ".join(described),
+                )
         cfg = cls(**{k: v for k, v in kwargs.items() if k in known})
         _warn_given(cfg, kwargs)
         return cfg
