@@ -12,6 +12,13 @@ import pytest
 from launcher_testkit import Launcher  # type: ignore[import-not-found]
 
 from nvrx.launcher import ExitCode
+from nvrx.launcher._events import (
+    CycleLog,
+    DecisionTaken,
+    Recorder,
+    RestartFailed,
+    WorkersStopped,
+)
 from nvrx.launcher.journal import SCHEMA_VERSION, JsonLines, schema_path
 
 Start = Callable[..., Launcher]
@@ -75,3 +82,20 @@ def test_a_run_with_a_restart_and_a_stop_matches_the_schemas(
     for record in cycles:
         cycle.validate(record)
     assert [c["action"] for c in cycles] == ["restart", "stop"]
+    # The cycle log is derived from the journal: replaying the journal gives it exactly.
+    replay = CycleLog()
+    assert [c for c in map(replay.feed, records) if c is not None] == cycles
+
+
+def test_a_failed_restart_ends_its_cycle_record(tmp_path: pathlib.Path) -> None:
+    journal, cycles = JsonLines(tmp_path / "j", node="n"), JsonLines(tmp_path / "c", node="n")
+    recorder = Recorder(journal, cycles)
+    recorder.record(DecisionTaken(4, "restart", "why", "m", True, 5, 2, None, 10.0))
+    recorder.record(WorkersStopped(4, 11.0))
+    recorder.record(RestartFailed(4, "RendezvousTimeoutError"))
+    [record] = _lines(tmp_path / "c")
+    _validator("cycle").validate(record)
+    assert record["failed"] == "RendezvousTimeoutError"
+    assert (record["cycle"], record["workers_stopped"], record["node"]) == (4, 11.0, "n")
+    for line in _lines(tmp_path / "j"):
+        _validator("journal").validate(line)

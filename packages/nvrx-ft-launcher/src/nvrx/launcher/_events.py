@@ -1,0 +1,247 @@
+"""The launcher's events: one typed record per fact, and the one recorder that writes them.
+
+Every fact the launcher reports about a run is one of the dataclasses below, written once
+to the journal (``--ft-journal``) by :class:`Recorder`. The cycle log
+(``--ft-cycle-log``: one record per cycle end) is not written separately: the recorder
+derives each of its records from the journal events that end a cycle
+(:class:`CycleLog`), and ``CycleLog`` applied to a journal file offline gives the same
+records. The record formats are versioned and described by the JSON Schemas in
+``schemas/`` (see :mod:`.journal`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, ClassVar
+
+from .journal import JsonLines
+
+__all__: list[str] = []
+
+
+@dataclasses.dataclass(frozen=True)
+class Event:
+    """Base of every journal event; ``EVENT`` is its ``event`` field."""
+
+    EVENT: ClassVar[str] = ""
+
+    def to_record(self) -> dict[str, Any]:
+        """The journal's JSON object (``schema_version``, ``t`` and ``node`` come later)."""
+        return {"event": self.EVENT, **dataclasses.asdict(self)}
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkersStarted(Event):
+    """This node's ranks of a cycle started."""
+
+    EVENT: ClassVar[str] = "workers_started"
+    cycle: int
+    restart_count: int
+    group_rank: int | None
+    group_world_size: int | None
+    ranks: dict[int, int]
+    pids: dict[int, Any]
+    warm_local_ranks: list[int]
+
+
+@dataclasses.dataclass(frozen=True)
+class RankTerminatedByMonitor(Event):
+    """A rank's monitor found it hung (or unhealthy) and is terminating it."""
+
+    EVENT: ClassVar[str] = "rank_terminated_by_monitor"
+    cycle: int
+    rank: int
+    local_rank: int
+    pid: int
+    cause: str | None
+    section: str | None
+    observed_s: float | None
+    limit_s: float | None
+    message: str | None
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkloadControl(Event):
+    """A rank asked to exclude its node or to shut the workload down."""
+
+    EVENT: ClassVar[str] = "workload_control"
+    cycle: int
+    rank: int
+    local_rank: int
+    pid: int
+    action: str | None
+    description: str | None
+
+
+@dataclasses.dataclass(frozen=True)
+class MonitorDied(Event):
+    """A rank monitor died and is being replaced."""
+
+    EVENT: ClassVar[str] = "monitor_died"
+    cycle: int
+    local_rank: int
+    exit_code: int | None
+    rank_was_connected: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class RankFailed(Event):
+    """A rank failed: how it ended, what its monitor found, its own traceback."""
+
+    EVENT: ClassVar[str] = "rank_failed"
+    cycle: int
+    rank: int
+    local_rank: int
+    pid: int
+    exit_code: int | None
+    signal: str | None
+    monitor_cause: str | None
+    section: str | None
+    observed_s: float | None
+    limit_s: float | None
+    root_cause: dict[str, Any] | None
+
+
+@dataclasses.dataclass(frozen=True)
+class StoreValueIgnored(Event):
+    """A value in the rendezvous store was malformed or not signed with the job key."""
+
+    EVENT: ClassVar[str] = "store_value_ignored"
+    cycle: int
+    key: str
+    why: str
+
+
+@dataclasses.dataclass(frozen=True)
+class DecisionTaken(Event):
+    """The job-wide decision this node follows at the end of a cycle."""
+
+    EVENT: ClassVar[str] = "decision"
+    cycle: int
+    #: ``restart``, ``stop``, ``shutdown`` or ``exclude`` (this node leaves).
+    action: str
+    reason: str
+    decided_by: str
+    charged: bool
+    restart_count: int
+    restarts_charged: int
+    #: The launcher's exit code; None for a restart.
+    exit_code: int | None
+    #: When this node noticed the cycle's end (Unix time).
+    failure_noticed: float
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkersStopped(Event):
+    """This node's ranks were stopped after a decision."""
+
+    EVENT: ClassVar[str] = "workers_stopped"
+    cycle: int
+    workers_stopped: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Restarted(Event):
+    """This node restarted its ranks: phases in seconds, times as Unix time."""
+
+    EVENT: ClassVar[str] = "restart"
+    from_cycle: int
+    cycle: int
+    charged: bool
+    detect_s: float | None
+    stop_s: float
+    rendezvous_s: float
+    spawn_s: float
+    total_s: float
+    failure_noticed: float
+    workers_stopped: float
+    rendezvous_done: float
+    workers_started: float
+
+
+@dataclasses.dataclass(frozen=True)
+class RestartFailed(Event):
+    """The re-rendezvous of a restart failed; the launcher ends."""
+
+    EVENT: ClassVar[str] = "restart_failed"
+    cycle: int
+    error: str
+
+
+@dataclasses.dataclass(frozen=True)
+class AllNodesFinished(Event):
+    """Every node's ranks finished the cycle successfully."""
+
+    EVENT: ClassVar[str] = "all_nodes_finished"
+    cycle: int
+
+
+class CycleLog:
+    """Derives the cycle log's records from journal records, one cycle end at a time."""
+
+    def __init__(self) -> None:
+        self._decision: dict[str, Any] | None = None
+
+    def feed(self, record: dict[str, Any]) -> dict[str, Any] | None:
+        """The cycle record that ``record`` completes, if any."""
+        kind = record.get("event")
+        if kind == DecisionTaken.EVENT:
+            self._decision = {
+                "cycle": record["cycle"],
+                "action": record["action"],
+                "reason": record["reason"],
+                "decided_by": record["decided_by"],
+                "charged": record["charged"],
+                "failure_noticed": record["failure_noticed"],
+            }
+            if record["action"] != "restart":
+                self._decision["exit_code"] = record["exit_code"]
+            return None
+        if kind == AllNodesFinished.EVENT:
+            return self._out(record, {"cycle": record["cycle"], "action": "finish"}, "finished")
+        decision = self._decision
+        if decision is None or record.get("cycle", record.get("from_cycle")) is None:
+            return None
+        if kind == WorkersStopped.EVENT:
+            decision["workers_stopped"] = record["workers_stopped"]
+            if decision["action"] != "restart":
+                return self._out(record, decision)
+        elif kind == RestartFailed.EVENT:
+            return self._out(record, dict(decision, failed=record["error"]))
+        elif kind == Restarted.EVENT:
+            times = {k: record[k] for k in ("rendezvous_done", "workers_started")}
+            return self._out(record, dict(decision, **times))
+        return None
+
+    def _out(
+        self, record: dict[str, Any], cycle: dict[str, Any], t_as: str | None = None
+    ) -> dict[str, Any]:
+        self._decision = None
+        out = dict(cycle)
+        if t_as is not None:
+            out[t_as] = record["t"]
+        for name in ("schema_version", "t", "node"):
+            if name in record:
+                out[name] = record[name]
+        return out
+
+
+class Recorder:
+    """Writes each event to the journal, and the cycle records derived from them."""
+
+    def __init__(self, journal: JsonLines, cycle_log: JsonLines) -> None:
+        self._journal = journal
+        self._cycle_log = cycle_log
+        self._cycles = CycleLog()
+
+    def record(self, event: Event) -> None:
+        """Write ``event`` (and the cycle record it completes); never raises for I/O."""
+        record = event.to_record()
+        record["t"] = time.time()
+        self._journal.write(record)
+        if self._journal.node is not None:
+            record.setdefault("node", self._journal.node)
+        cycle = self._cycles.feed(record)
+        if cycle is not None:
+            self._cycle_log.write(cycle)
