@@ -24,9 +24,9 @@ import socket
 import subprocess
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any, cast
 
-from torch._C._distributed_c10d import Store
 from torch.distributed.elastic.agent.server.api import (
     DEFAULT_ROLE,
     RunResult,
@@ -36,19 +36,35 @@ from torch.distributed.elastic.agent.server.api import (
 )
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.elastic.multiprocessing import LogsSpecs
-from torch.distributed.elastic.multiprocessing.api import SubprocessContext
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
 
 from nvrx.ft import MonitorEvent
 
+from . import _torch_compat as compat
+from ._events import (
+    AllNodesFinished,
+    DecisionTaken,
+    MonitorDied,
+    RankFailed,
+    RankTerminatedByMonitor,
+    Recorder,
+    Restarted,
+    RestartFailed,
+    StoreValueIgnored,
+    WorkersStarted,
+    WorkersStopped,
+    WorkloadControl,
+)
 from ._job_key import KEY_ENV, KEY_FILE_ENV, load_job_key
 from ._root_cause import process_failure, root_cause
-from .coordination import Action, Decision, JobCoordinator, JobState, StopCause
+from ._torch_compat import Store
+from .coordination import Decision, JobCoordinator, JobState
 from .exit_codes import ExitCode
 from .journal import JsonLines
 from .monitors import MonitorSupervisor
-from .progress import check_progress_file, made_progress, read_progress
+from .policy import Progress, RestartPolicy, Trigger, decide
+from .progress import check_progress_file, read_progress
 from .rendezvous import renew_worker_store
 from .spares import SparePool, spare_handlers
 
@@ -68,18 +84,6 @@ class LauncherExit(Exception):
     def __init__(self, code: int, message: str) -> None:
         super().__init__(message)
         self.code = code
-
-
-@dataclasses.dataclass(frozen=True)
-class RestartPolicy:
-    """How the agent restarts, stops and reports; built from the command line."""
-
-    max_restarts: int
-    workers_stop_timeout: float
-    max_no_progress_restarts: int
-    min_progress_iterations: int
-    progress_file: str | None = None
-    exit_barrier_timeout: float = 300.0
 
 
 @dataclasses.dataclass
@@ -165,6 +169,7 @@ class FtAgent(LocalElasticAgent):
             log_line_prefix_template=log_line_prefix_template,
             shutdown_timeout=math.ceil(term_timeout),
         )
+        compat.warn_if_untested()
         self._policy = policy
         self._job_key = _job_key()
         if policy.progress_file is not None:
@@ -176,9 +181,8 @@ class FtAgent(LocalElasticAgent):
                 ) from None
         self._monitors = monitors
         self._node = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
-        self._journal = journal
-        self._cycle_log = cycle_log
         journal.node = cycle_log.node = self._node
+        self._recorder = Recorder(journal, cycle_log)
         self._coord: JobCoordinator | None = None
         self._state = JobState()
         self._cycle = _Cycle(number=0, started=time.time(), progress=None)
@@ -201,8 +205,8 @@ class FtAgent(LocalElasticAgent):
         The launcher's last resort on the way out (e.g. a second signal cut the
         graceful stop short): no rank may outlive it.
         """
-        pc = self._pcontext
-        if not isinstance(pc, SubprocessContext):
+        pc = compat.worker_processes(self)
+        if pc is None:
             return
         alive = [h.proc for h in pc.subprocess_handlers.values() if h.proc.poll() is None]
         for proc in alive:
@@ -219,7 +223,7 @@ class FtAgent(LocalElasticAgent):
         # Torch derives TORCHELASTIC_RESTART_COUNT from _remaining_restarts; we make it
         # the job-wide cycle number, the same on every node.
         spec = worker_group.spec
-        self._remaining_restarts = spec.max_restarts - self._state.cycle
+        compat.set_remaining_restarts(self, spec.max_restarts - self._state.cycle)
         if self._coord is not None:  # a restart: new ranks get an empty store
             renew_worker_store(spec.rdzv_handler)
         super()._rendezvous(worker_group)
@@ -237,7 +241,7 @@ class FtAgent(LocalElasticAgent):
                 on_reject=self._journal_rejected,
             )
             self._state = self._coord.state()
-        self._remaining_restarts = spec.max_restarts - self._state.cycle
+        compat.set_remaining_restarts(self, spec.max_restarts - self._state.cycle)
 
     def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
         for local_rank, code in sorted(self._monitors.dead().items()):
@@ -259,17 +263,16 @@ class FtAgent(LocalElasticAgent):
         warm = sorted(h.local_rank_id for h in handlers if h.warm)
         if warm:
             logger.info("local ranks %s started from warm spares", warm)
-        self._journal.write(
-            {
-                "event": "workers_started",
-                "cycle": self._cycle.number,
-                "restart_count": self._state.cycle,
-                "group_rank": worker_group.group_rank,
-                "group_world_size": worker_group.group_world_size,
-                "ranks": {w.local_rank: w.global_rank for w in worker_group.workers},
-                "pids": worker_ids,
-                "warm_local_ranks": warm,
-            }
+        self._recorder.record(
+            WorkersStarted(
+                cycle=self._cycle.number,
+                restart_count=self._state.cycle,
+                group_rank=worker_group.group_rank,
+                group_world_size=worker_group.group_world_size,
+                ranks={w.local_rank: w.global_rank for w in worker_group.workers},
+                pids=worker_ids,
+                warm_local_ranks=warm,
+            )
         )
         return worker_ids
 
@@ -289,9 +292,9 @@ class FtAgent(LocalElasticAgent):
         # Unlike torch's, this never stops the siblings of a failed rank itself: the
         # decision does, with --workers-stop-timeout. A rank its monitor terminated has
         # failed whatever its exit code (a SIGTERM handler may well exit 0).
-        pc = self._pcontext
-        if not isinstance(pc, SubprocessContext):
-            raise TypeError(f"workers must run as subprocesses, got {type(pc).__name__}")
+        pc = compat.worker_processes(self)
+        if pc is None:
+            raise TypeError("workers must run as subprocesses")
         failures: dict[int, ProcessFailure] = {}
         running = False
         for local_rank, handler in pc.subprocess_handlers.items():
@@ -372,19 +375,18 @@ class FtAgent(LocalElasticAgent):
                 self._cycle.terminated[event.local_rank] = event
                 if self._cycle.first_report is None:
                     self._cycle.first_report = noticed
-                self._journal.write(
-                    {
-                        "event": "rank_terminated_by_monitor",
-                        "cycle": self._cycle.number,
-                        "rank": event.rank,
-                        "local_rank": event.local_rank,
-                        "pid": event.pid,
-                        "cause": event.cause,
-                        "section": event.section,
-                        "observed_s": event.observed_s,
-                        "limit_s": event.limit_s,
-                        "message": event.message,
-                    }
+                self._recorder.record(
+                    RankTerminatedByMonitor(
+                        cycle=self._cycle.number,
+                        rank=event.rank,
+                        local_rank=event.local_rank,
+                        pid=event.pid,
+                        cause=event.cause,
+                        section=event.section,
+                        observed_s=event.observed_s,
+                        limit_s=event.limit_s,
+                        message=event.message,
+                    )
                 )
                 logger.warning(
                     "monitor of local rank %d is terminating rank %d (pid %d): %s",
@@ -402,16 +404,15 @@ class FtAgent(LocalElasticAgent):
                     event.action,
                     event.description,
                 )
-                self._journal.write(
-                    {
-                        "event": "workload_control",
-                        "cycle": self._cycle.number,
-                        "rank": event.rank,
-                        "local_rank": event.local_rank,
-                        "pid": event.pid,
-                        "action": event.action,
-                        "description": event.description,
-                    }
+                self._recorder.record(
+                    WorkloadControl(
+                        cycle=self._cycle.number,
+                        rank=event.rank,
+                        local_rank=event.local_rank,
+                        pid=event.pid,
+                        action=event.action,
+                        description=event.description,
+                    )
                 )
                 if event.action == "ShutdownWorkload":
                     shutdown = shutdown or event
@@ -427,14 +428,13 @@ class FtAgent(LocalElasticAgent):
                 code,
                 " and restarting, since its rank was unwatched" if served else "",
             )
-            self._journal.write(
-                {
-                    "event": "monitor_died",
-                    "cycle": self._cycle.number,
-                    "local_rank": local_rank,
-                    "exit_code": code,
-                    "rank_was_connected": served,
-                }
+            self._recorder.record(
+                MonitorDied(
+                    cycle=self._cycle.number,
+                    local_rank=local_rank,
+                    exit_code=code,
+                    rank_was_connected=served,
+                )
             )
             self._monitors.replace(local_rank)
             if served:
@@ -451,16 +451,13 @@ class FtAgent(LocalElasticAgent):
                 f"rank {shutdown.rank} on node {self._node} requested ShutdownWorkload: "
                 f"{shutdown.description}"
             )
-            decision = coord.decide(
-                cycle,
-                lambda state: Decision(Action.SHUTDOWN, reason, self._node, state),
-            )
+            decision = coord.decide(cycle, self._decider(Trigger.SHUTDOWN_REQUEST, reason))
             return self._apply(decision, noticed)
         if exclude is not None:
             reason = (
                 f"rank {exclude.rank} asked to exclude node {self._node}: {exclude.description}"
             )
-            decision = coord.decide(cycle, lambda state: self._restart(state, reason, exclude=True))
+            decision = coord.decide(cycle, self._decider(Trigger.EXCLUDE_REQUEST, reason))
             return self._apply(decision, noticed, excluded_by_request=True)
 
         result = self._monitor_workers(wg)
@@ -469,13 +466,13 @@ class FtAgent(LocalElasticAgent):
             self._journal_failures(result)
         if causes:
             reason = f"on node {self._node}: " + "; ".join(causes)
-            decision = coord.decide(cycle, lambda state: self._after_failure(state, reason))
+            decision = coord.decide(cycle, self._decider(Trigger.FAILURE, reason))
             return self._apply(decision, noticed)
         if result.state == WorkerState.SUCCEEDED:
             return self._finish(result)
         if self._nodes_waiting() > 0:
             reason = "new nodes are waiting to join"
-            decision = coord.decide(cycle, lambda state: self._restart(state, reason))
+            decision = coord.decide(cycle, self._decider(Trigger.NODES_WAITING, reason))
             return self._apply(decision, noticed)
         return None
 
@@ -517,13 +514,11 @@ class FtAgent(LocalElasticAgent):
         return out
 
     def _journal_rejected(self, key: str, why: str) -> None:
-        self._journal.write(
-            {"event": "store_value_ignored", "cycle": self._cycle.number, "key": key, "why": why}
-        )
+        self._recorder.record(StoreValueIgnored(cycle=self._cycle.number, key=key, why=why))
 
     def _journal_failures(self, result: RunResult) -> None:
-        pc = self._pcontext
-        stderrs = pc.stderrs if isinstance(pc, SubprocessContext) else {}
+        pc = compat.worker_processes(self)
+        stderrs = pc.stderrs if pc is not None else {}
         for global_rank, failure in sorted(result.failures.items()):
             event = self._cycle.terminated.get(failure.local_rank)
             code = failure.exitcode
@@ -536,67 +531,42 @@ class FtAgent(LocalElasticAgent):
                     "error file (@record)" if cause.source == "error_file" else "stderr",
                     cause.traceback or cause.message,
                 )
-            self._journal.write(
-                {
-                    "event": "rank_failed",
-                    "cycle": self._cycle.number,
-                    "rank": global_rank,
-                    "local_rank": failure.local_rank,
-                    "pid": failure.pid,
-                    "exit_code": code if code >= 0 else None,
-                    "signal": _signal_name(-code) if code < 0 else None,
-                    "monitor_cause": event.cause if event else None,
-                    "section": event.section if event else None,
-                    "observed_s": event.observed_s if event else None,
-                    "limit_s": event.limit_s if event else None,
-                    "root_cause": None if cause is None else cause.to_json(),
-                }
+            self._recorder.record(
+                RankFailed(
+                    cycle=self._cycle.number,
+                    rank=global_rank,
+                    local_rank=failure.local_rank,
+                    pid=failure.pid,
+                    exit_code=code if code >= 0 else None,
+                    signal=_signal_name(-code) if code < 0 else None,
+                    monitor_cause=event.cause if event else None,
+                    section=event.section if event else None,
+                    observed_s=event.observed_s if event else None,
+                    limit_s=event.limit_s if event else None,
+                    root_cause=None if cause is None else cause.to_json(),
+                )
             )
 
     # -- decisions (computed by the node that claims the cycle) ---------------------
 
-    def _restart(self, state: JobState, reason: str, *, exclude: bool = False) -> Decision:
-        return Decision(
-            Action.RESTART,
-            reason,
-            self._node,
-            dataclasses.replace(state, cycle=state.cycle + 1),
-            excluded_node=self._node if exclude else None,
-        )
+    def _decider(self, trigger: Trigger, reason: str) -> Callable[[JobState], Decision]:
+        """What the coordinator calls, with the job state, if this node wins the cycle."""
 
-    def _after_failure(self, state: JobState, reason: str) -> Decision:
-        policy = self._policy
-        if state.charged >= policy.max_restarts:
-            return Decision(
-                Action.STOP,
-                f"{reason}; no restarts left ({state.charged}/{policy.max_restarts} used)",
-                self._node,
+        def make(state: JobState) -> Decision:
+            progress = Progress()
+            if trigger is Trigger.FAILURE and self._policy.tracks_progress:
+                now = read_progress(self._policy.progress_file)
+                progress = Progress(before=self._cycle.progress, after=now)
+            return decide(
                 state,
-                StopCause.RESTARTS_EXHAUSTED,
+                trigger,
+                policy=self._policy,
+                node=self._node,
+                reason=reason,
+                progress=progress,
             )
-        no_progress = state.no_progress
-        if policy.max_no_progress_restarts > 0 and policy.progress_file is not None:
-            now = read_progress(policy.progress_file)
-            if made_progress(self._cycle.progress, now, policy.min_progress_iterations):
-                no_progress = 0
-            else:
-                no_progress += 1
-            if no_progress > policy.max_no_progress_restarts:
-                return Decision(
-                    Action.STOP,
-                    f"{reason}; no progress in {policy.progress_file} (still "
-                    f"{now}) across {policy.max_no_progress_restarts} restart(s)",
-                    self._node,
-                    dataclasses.replace(state, no_progress=no_progress),
-                    StopCause.NO_PROGRESS,
-                )
-        return Decision(
-            Action.RESTART,
-            reason,
-            self._node,
-            JobState(cycle=state.cycle + 1, charged=state.charged + 1, no_progress=no_progress),
-            charged=True,
-        )
+
+        return make
 
     # -- acting on a decision --------------------------------------------------------
 
@@ -608,35 +578,26 @@ class FtAgent(LocalElasticAgent):
         excluded = excluded_by_request or decision.excluded_node == self._node
         action = "exclude" if excluded else decision.action.value
         exit_code = int(ExitCode.NODE_EXCLUDED) if excluded else decision.exit_code
-        self._journal.write(
-            {
-                "event": "decision",
-                "cycle": self._cycle.number,
-                "action": action,
-                "reason": decision.reason,
-                "decided_by": decision.node,
-                "charged": decision.charged,
-                "restart_count": decision.state.cycle,
-                "restarts_charged": decision.state.charged,
-                "exit_code": None if action == "restart" else exit_code,
-            }
+        cycle = self._cycle.number
+        self._recorder.record(
+            DecisionTaken(
+                cycle=cycle,
+                action=action,
+                reason=decision.reason,
+                decided_by=decision.node,
+                charged=decision.charged,
+                restart_count=decision.state.cycle,
+                restarts_charged=decision.state.charged,
+                exit_code=None if action == "restart" else exit_code,
+                failure_noticed=noticed,
+            )
         )
         t0 = time.time()
         self._stop_workers(wg)
         wg.state = WorkerState.STOPPED
         stopped = time.time()
-        record: dict[str, Any] = {
-            "cycle": self._cycle.number,
-            "action": action,
-            "reason": decision.reason,
-            "decided_by": decision.node,
-            "charged": decision.charged,
-            "failure_noticed": noticed,
-            "workers_stopped": stopped,
-        }
+        self._recorder.record(WorkersStopped(cycle=cycle, workers_stopped=stopped))
         if action != "restart":
-            record["exit_code"] = exit_code
-            self._cycle_log.write(record)
             if excluded:
                 self._leave_rendezvous()
             else:
@@ -652,7 +613,7 @@ class FtAgent(LocalElasticAgent):
         logger.warning(
             "%s, cycle %d -> %d, %s: %s",
             budget,
-            self._cycle.number,
+            cycle,
             decision.state.cycle,
             "decided here" if local else f"decided by {decision.node}",
             decision.reason,
@@ -661,8 +622,8 @@ class FtAgent(LocalElasticAgent):
         try:
             self._rendezvous(wg)
         except BaseException as exc:
-            record["failed"] = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-            self._cycle_log.write(record)
+            error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            self._recorder.record(RestartFailed(cycle=cycle, error=error))
             raise
         rendezvous_done = time.time()
         worker_ids = self._start_workers(wg)
@@ -670,7 +631,6 @@ class FtAgent(LocalElasticAgent):
             wg.workers[local_rank].id = worker_id
         wg.state = WorkerState.HEALTHY
         started = time.time()
-        record.update(rendezvous_done=rendezvous_done, workers_started=started)
         logger.warning(
             "restarted in %.2f s (stop %.2f s, rendezvous %.2f s, start %.2f s); "
             "TORCHELASTIC_RESTART_COUNT=%d",
@@ -680,23 +640,21 @@ class FtAgent(LocalElasticAgent):
             started - rendezvous_done,
             decision.state.cycle,
         )
-        self._cycle_log.write(record)
-        self._journal.write(
-            {
-                "event": "restart",
-                "from_cycle": record["cycle"],
-                "cycle": decision.state.cycle,
-                "charged": decision.charged,
-                "detect_s": detect,
-                "stop_s": stopped - t0,
-                "rendezvous_s": rendezvous_done - stopped,
-                "spawn_s": started - rendezvous_done,
-                "total_s": started - noticed,
-                "failure_noticed": noticed,
-                "workers_stopped": stopped,
-                "rendezvous_done": rendezvous_done,
-                "workers_started": started,
-            }
+        self._recorder.record(
+            Restarted(
+                from_cycle=cycle,
+                cycle=decision.state.cycle,
+                charged=decision.charged,
+                detect_s=detect,
+                stop_s=stopped - t0,
+                rendezvous_s=rendezvous_done - stopped,
+                spawn_s=started - rendezvous_done,
+                total_s=started - noticed,
+                failure_noticed=noticed,
+                workers_stopped=stopped,
+                rendezvous_done=rendezvous_done,
+                workers_started=started,
+            )
         )
         return None
 
@@ -721,7 +679,7 @@ class FtAgent(LocalElasticAgent):
                 break
             self._wait(self._worker_group.spec.monitor_interval)
             self._monitors.drain_events()
-        self._cycle_log.write({"cycle": cycle, "action": "finish", "finished": time.time()})
+        self._recorder.record(AllNodesFinished(cycle=cycle))
         self._close_rendezvous()
         coord.leave(cycle, world)
         logger.debug("left the job")
@@ -747,15 +705,7 @@ class FtAgent(LocalElasticAgent):
         Torch has no public call for this (its handler only leaves when the next
         rendezvous starts, or after its keep-alive expires, 15 s by default).
         """
-        handler = self._worker_group.spec.rdzv_handler
-        if not isinstance(handler, DynamicRendezvousHandler):
-            return
         try:
-            from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
-                _RendezvousExitOp,
-            )
-
-            handler._stop_heartbeats()
-            handler._op_executor.run(_RendezvousExitOp(), time.monotonic() + 10.0)
+            compat.leave_rendezvous(self._worker_group.spec.rdzv_handler, timeout_s=10.0)
         except Exception as exc:  # best effort: the keep-alive expiry is the fallback
             logger.warning("could not leave the rendezvous promptly: %s", exc)

@@ -29,9 +29,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from torch._C._distributed_c10d import PrefixStore, Store
-
 from ._job_key import sign, verify
+from ._torch_compat import PrefixStore, Store
 from .exit_codes import ExitCode
 
 __all__ = ["Action", "Decision", "JobCoordinator", "JobState", "StopCause", "base_store"]

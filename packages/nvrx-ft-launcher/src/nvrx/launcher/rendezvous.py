@@ -21,12 +21,13 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 
-from torch.distributed.elastic.rendezvous import RendezvousHandler, dynamic_rendezvous
+from torch.distributed.elastic.rendezvous import RendezvousHandler
+
+from . import _torch_compat as compat
 
 __all__ = ["renew_worker_store", "tune_rendezvous"]
 
-_TORCH_SYNC_DELAY = 1
-_original: Callable[..., None] = dynamic_rendezvous._delay  # type: ignore[attr-defined]
+_original: Callable[..., None] = compat.original_rendezvous_delay()
 
 
 def _method_name(depth: int = 2) -> str:
@@ -38,7 +39,7 @@ def _method_name(depth: int = 2) -> str:
 
 def tune_rendezvous(handler: RendezvousHandler, interval: float) -> None:
     """Poll the rendezvous state every ``interval`` s instead of every second while waiting."""
-    dynamic_rendezvous.get_method_name = _method_name
+    compat.replace_method_name(_method_name)
 
     jittered = False
 
@@ -50,15 +51,12 @@ def tune_rendezvous(handler: RendezvousHandler, interval: float) -> None:
             if jittered:
                 return
             jittered = True
-        elif seconds == _TORCH_SYNC_DELAY:
+        elif seconds == compat.TORCH_SYNC_DELAY_S:
             seconds = interval
         _original(seconds)
 
-    dynamic_rendezvous._delay = _delay  # type: ignore[attr-defined]
-    if isinstance(handler, dynamic_rendezvous.DynamicRendezvousHandler):
-        holder = handler._state_holder
-        if isinstance(holder, dynamic_rendezvous._BackendRendezvousStateHolder):
-            holder._cache_duration = interval  # type: ignore[assignment]
+    compat.replace_rendezvous_delay(_delay)
+    compat.set_state_cache_duration(handler, interval)
 
 
 def renew_worker_store(handler: RendezvousHandler) -> None:
@@ -72,6 +70,4 @@ def renew_worker_store(handler: RendezvousHandler) -> None:
     torch's launcher-hosted store and only forget it between attempts: the next
     rendezvous creates a new one, empty, before any rank starts.
     """
-    if isinstance(handler, dynamic_rendezvous.DynamicRendezvousHandler):
-        handler._shared_tcp_store_server = None
-        handler._bootstrap_store_info = None
+    compat.forget_worker_store(handler)

@@ -30,9 +30,9 @@ import sys
 from collections.abc import Iterator, Mapping, Sequence
 from typing import IO, Any
 
-from torch.distributed.elastic.multiprocessing import api as mp_api
 from torch.distributed.elastic.multiprocessing.subprocess_handler import SubprocessHandler
 
+from . import _torch_compat as compat
 from .exec_shim import EXEC_SHIM, shimmed
 
 __all__ = [
@@ -52,8 +52,6 @@ _MONITOR_SOCKET_ENV = "NVRX_FT_MONITOR_SOCKET"
 #: Interpreter options a spare can be started with: they change nothing the rank's
 #: environment could disagree with later.
 SAFE_FLAGS = frozenset({"-u", "-B", "-O", "-OO", "-s", "-E"})
-# The module-level factory SubprocessContext creates each rank's handler with.
-_FACTORY = "get_subprocess_handler"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -250,19 +248,13 @@ def spare_handlers(pool: SparePool | None) -> Iterator[list[SpareHandler]]:
     if pool is None:
         yield created
         return
-    original = getattr(mp_api, _FACTORY, None)
-    if original is None:
-        logger.warning("this torch has no %s.%s: ranks start cold", mp_api.__name__, _FACTORY)
-        yield created
-        return
 
     def factory(**kwargs: Any) -> SubprocessHandler:
         handler = SpareHandler(pool, **kwargs)
         created.append(handler)
         return handler
 
-    setattr(mp_api, _FACTORY, factory)
-    try:
+    with compat.subprocess_handler_factory(factory) as installed:
+        if not installed:
+            logger.warning("this torch has no subprocess handler factory: ranks start cold")
         yield created
-    finally:
-        setattr(mp_api, _FACTORY, original)

@@ -1,0 +1,165 @@
+"""One contract test per private torch name the launcher relies on (see _torch_compat).
+
+Each fails naming its touch point when a torch release renames or reshapes it, instead
+of the launcher silently getting slower or reading stale state.
+"""
+
+from __future__ import annotations
+
+import datetime
+import inspect
+import logging
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed
+from torch.distributed.elastic.agent.server import api as agent_api
+from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+from torch.distributed.elastic.multiprocessing import api as _mp_api
+from torch.distributed.elastic.multiprocessing.subprocess_handler import SubprocessHandler
+from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+
+from nvrx.launcher import _torch_compat as compat
+
+mp_api: Any = _mp_api  # get_subprocess_handler is not in its __all__
+dist: Any = torch.distributed  # its stubs do not re-export the store classes
+
+
+def _source(obj: object) -> str:
+    return inspect.getsource(obj)  # type: ignore[arg-type]
+
+
+def _handler() -> dynamic_rendezvous.DynamicRendezvousHandler:
+    tcp = dist.TCPStore(
+        "127.0.0.1",
+        0,
+        is_master=True,
+        wait_for_workers=False,
+        timeout=datetime.timedelta(seconds=5),
+    )
+    backend = C10dRendezvousBackend(tcp, "contract")
+    handler: dynamic_rendezvous.DynamicRendezvousHandler
+    handler = dynamic_rendezvous.DynamicRendezvousHandler.from_backend(
+        "contract", tcp, backend, min_nodes=1, max_nodes=1
+    )
+    return handler
+
+
+def test_tested_torch_range_and_warning(caplog: pytest.LogCaptureFixture) -> None:
+    assert compat.untested_torch(torch.__version__) is None, "this torch is outside TESTED_TORCH"
+    assert compat.untested_torch("2.13.0+cpu") is None
+    assert "tested on torch 2.12 to 2.13, not 2.14.0" in str(compat.untested_torch("2.14.0"))
+    assert compat.untested_torch("2.11.1") is not None
+    compat._warned = False
+    with caplog.at_level(logging.WARNING, logger="nvrx.launcher"):
+        compat.warn_if_untested("3.0.0")
+        compat.warn_if_untested("3.0.0")
+    assert [r.message for r in caplog.records].count(str(compat.untested_torch("3.0.0"))) == 1
+
+
+def test_public_store_classes_are_the_ones_compat_names() -> None:
+    assert dist.Store is compat.Store, "Store: torch.distributed.Store moved"
+    assert dist.PrefixStore is compat.PrefixStore, "PrefixStore moved"
+
+
+def test_replace_rendezvous_delay() -> None:
+    delay = dynamic_rendezvous._delay  # type: ignore[attr-defined]
+    assert list(inspect.signature(delay).parameters) == ["seconds"], "_delay(seconds) changed"
+    source = _source(dynamic_rendezvous)
+    assert "_delay(seconds=1)" in source, "_delay: the 1 s sync poll literal changed"
+    assert "_delay(seconds=(0, 0.3))" in source, "_delay: the join jitter literal changed"
+    assert compat.TORCH_SYNC_DELAY_S == 1
+
+
+def test_replace_method_name() -> None:
+    assert callable(dynamic_rendezvous.get_method_name), "get_method_name is gone"
+    # Looked up as a module global at each event, so replacing the global takes effect.
+    assert "get_method_name()" in _source(dynamic_rendezvous.DynamicRendezvousHandler)
+
+
+def test_set_state_cache_duration() -> None:
+    handler = _handler()
+    holder = handler._state_holder
+    assert isinstance(holder, dynamic_rendezvous._BackendRendezvousStateHolder), (
+        "_state_holder is no longer a _BackendRendezvousStateHolder"
+    )
+    assert hasattr(holder, "_cache_duration"), "_BackendRendezvousStateHolder._cache_duration"
+    compat.set_state_cache_duration(handler, 0.1)
+    assert holder._cache_duration == 0.1
+    assert "self._cache_duration" in _source(dynamic_rendezvous._BackendRendezvousStateHolder.sync)
+
+
+def test_forget_worker_store() -> None:
+    handler = _handler()
+    for name in ("_shared_tcp_store_server", "_bootstrap_store_info"):
+        assert hasattr(handler, name), f"DynamicRendezvousHandler.{name} is gone"
+    source = _source(dynamic_rendezvous.DynamicRendezvousHandler)
+    assert "self._shared_tcp_store_server is None" in source, (
+        "forget_worker_store: the next rendezvous no longer recreates a None worker store"
+    )
+    compat.forget_worker_store(handler)
+    assert handler._shared_tcp_store_server is None
+    assert handler._bootstrap_store_info is None
+
+
+def test_leave_rendezvous() -> None:
+    handler = _handler()
+    assert callable(handler._stop_heartbeats), "DynamicRendezvousHandler._stop_heartbeats"
+    run = handler._op_executor.run
+    assert list(inspect.signature(run).parameters)[:2] == ["state_handler", "deadline"], (
+        "_op_executor.run(op, deadline) changed"
+    )
+    assert callable(dynamic_rendezvous._RendezvousExitOp), "_RendezvousExitOp is gone"
+    compat.leave_rendezvous(handler, timeout_s=5.0)  # leaving a round never joined is fine
+
+
+def test_subprocess_handler_factory() -> None:
+    assert callable(getattr(mp_api, "get_subprocess_handler", None)), (
+        "multiprocessing.api.get_subprocess_handler is gone"
+    )
+    assert "get_subprocess_handler(" in _source(mp_api.SubprocessContext), (
+        "SubprocessContext no longer creates handlers through the module global"
+    )
+    assert list(inspect.signature(SubprocessHandler._popen).parameters) == ["self", "args", "env"]
+    original = mp_api.get_subprocess_handler
+
+    def factory(**kwargs: object) -> SubprocessHandler:
+        raise AssertionError
+
+    with compat.subprocess_handler_factory(factory) as installed:
+        assert installed
+        assert mp_api.get_subprocess_handler is factory
+    assert mp_api.get_subprocess_handler is original
+
+
+def test_worker_processes_and_remaining_restarts() -> None:
+    assert "self._pcontext" in _source(LocalElasticAgent.__init__), "LocalElasticAgent._pcontext"
+    simple = _source(agent_api.SimpleElasticAgent)
+    assert "spec.max_restarts - self._remaining_restarts" in simple, (
+        "TORCHELASTIC_RESTART_COUNT is no longer derived from _remaining_restarts"
+    )
+    ctx = _source(mp_api.PContext.__init__)
+    for name in ("self.error_files", "self.stderrs"):
+        assert name in ctx, f"PContext: {name} is gone"
+    assert "self.subprocess_handlers" in _source(mp_api.SubprocessContext)
+
+
+@pytest.mark.parametrize(
+    ("name", "params"),
+    [
+        ("_rendezvous", ["self", "worker_group"]),
+        ("_start_workers", ["self", "worker_group"]),
+        ("_stop_workers", ["self", "worker_group"]),
+        ("_monitor_workers", ["self", "worker_group"]),
+        ("_shutdown", ["self", "death_sig", "timeout"]),
+        ("_invoke_run", ["self", "role"]),
+        ("_initialize_workers", ["self", "worker_group"]),
+    ],
+)
+def test_agent_overrides(name: str, params: list[str]) -> None:
+    method = getattr(LocalElasticAgent, name, None)
+    assert method is not None, f"LocalElasticAgent.{name} is gone"
+    got = list(inspect.signature(method).parameters)[: len(params)]
+    assert got == params, f"LocalElasticAgent.{name}{got} changed"
