@@ -1254,6 +1254,39 @@ def _nvrx_values() -> object:
     )
 
 
+def _callback_without_monitor() -> object:
+    import os
+    import tempfile
+
+    from lightning.pytorch import LightningModule, Trainer
+
+    from nvrx.ft import MONITOR_SOCKET_ENV, RankMonitorClientError
+    from nvrx.ptl import FaultToleranceCallback
+
+    saved = os.environ.pop(MONITOR_SOCKET_ENV, None)
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            callback = FaultToleranceCallback(
+                autoresume=False, calculate_timeouts=True, exp_dir=tmp
+            )
+            trainer = Trainer(
+                accelerator="cpu",
+                devices=1,
+                logger=False,
+                enable_progress_bar=False,
+                enable_checkpointing=False,
+                enable_model_summary=False,
+            )
+            try:
+                callback.setup(trainer, LightningModule(), "fit")
+            except RankMonitorClientError as exc:
+                return type(exc).__name__
+            return "no error"
+    finally:
+        if saved is not None:
+            os.environ[MONITOR_SOCKET_ENV] = saved
+
+
 BEHAVIOURS: tuple[Behaviour, ...] = (
     Behaviour(
         "exit code after the launcher got SIGTERM (forwarded to every rank)",
@@ -1419,6 +1452,28 @@ BEHAVIOURS: tuple[Behaviour, ...] = (
         "a training loop must not fail over a section name",
         _section_name_reused,
         2,
+    ),
+    Behaviour(
+        "FaultToleranceCallback set up for fit with no rank monitor reachable",
+        "RankMonitorClientError",
+        "RankMonitorClientError, saying to run under ft_launcher",
+        "code that catches NVRx's exception keeps working",
+        _callback_without_monitor,
+        "RankMonitorClientError",
+    ),
+    Behaviour(
+        "StragglerDetectionCallback(stop_if_detected=True) finds a GPU straggler",
+        "saves the last checkpoint, then sys.exit(1); only should_stop without a checkpoint "
+        "callback; section scores never stop",
+        "the same; section stragglers stop too only with stop_on_section_scores=True",
+        "NeMo's recipe relies on that outcome; the new argument is additive",
+    ),
+    Behaviour(
+        "enable_ptl_logging with a report that has no GPU score (no kernels recorded)",
+        "gpu_*_perf/min|median|max logged as NaN",
+        "no gpu_*_perf key for that report; section_*_perf/<section>/min|median|max are "
+        "logged from the finite scores",
+        "a NaN reads as a measurement and stops EarlyStopping(check_finite=True)",
     ),
     Behaviour(
         "start_section with a name that has no timeout",
