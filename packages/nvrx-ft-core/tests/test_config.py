@@ -239,6 +239,19 @@ def test_yaml_round_trip(tmp_path: pathlib.Path) -> None:
     assert list(tmp_path.iterdir()) == [path]  # no temp file left behind
 
 
+def test_yaml_round_trip_says_nothing_about_nvrx_fields_left_at_default(
+    tmp_path: pathlib.Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "ft.yaml"
+    FaultToleranceConfig(rank_heartbeat_timeout=9.0).to_yaml_file(path)
+    with caplog.at_level(logging.WARNING, logger="nvrx.ft.config"):
+        assert FaultToleranceConfig.from_yaml_file(path).rank_heartbeat_timeout == 9.0
+    assert caplog.records == []
+    cfg = FaultToleranceConfig(restart_check_interval=5.0)
+    cfg.to_yaml_file(path)
+    assert FaultToleranceConfig.from_yaml_file(path) == cfg
+
+
 def test_yaml_finds_nested_section_and_nulls(tmp_path: pathlib.Path) -> None:
     path = tmp_path / "cfg.yaml"
     doc = {

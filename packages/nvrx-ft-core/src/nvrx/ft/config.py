@@ -709,11 +709,19 @@ class FaultToleranceConfig:
         return out
 
     def to_yaml_file(self, cfg_path: str | os.PathLike[str]) -> None:
-        """Write ``{fault_tolerance: {...}}`` atomically; ``from_yaml_file`` reads it back."""
+        """Write ``{fault_tolerance: {...}}`` atomically; ``from_yaml_file`` reads it back.
+
+        Fields without effect here are written only when they differ from their default,
+        so reading the file back logs nothing about them.
+        """
         import yaml
 
         path = pathlib.Path(cfg_path)
-        text = yaml.safe_dump({"fault_tolerance": self.to_dict()}, sort_keys=False)
+        values = self.to_dict()
+        for f in dataclasses.fields(self):  # NVRx-only fields at their default: left out
+            if f.metadata["nvrx"].without_effect is not None and values[f.name] == _default(f):
+                del values[f.name]
+        text = yaml.safe_dump({"fault_tolerance": values}, sort_keys=False)
         fd, tmp = tempfile.mkstemp(dir=path.parent or ".", prefix=f".{path.name}.", suffix=".tmp")
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as stream:
