@@ -298,6 +298,43 @@ NAMES: tuple[Name, ...] = (
         Status.NOT_PROVIDED,
         "an excluded node ends with exit code 3 instead",
     ),
+    Name(f"{_FT}.config.FaultToleranceConfig", "nvrx.ft.config.FaultToleranceConfig", Status.SAME),
+    Name(
+        f"{_FT}.rank_monitor_client.RankMonitorClient",
+        "nvrx.ft.client.RankMonitorClient",
+        Status.RENAMED,
+        "module renamed; import it from nvrx.ft",
+    ),
+    Name(
+        f"{_FT}.rank_monitor_server.RankMonitorServer",
+        "nvrx.ft.server.RankMonitorServer",
+        Status.RENAMED,
+        "module renamed; import it from nvrx.ft",
+    ),
+    Name(
+        f"{_FT}.utils",
+        None,
+        Status.NOT_PROVIDED,
+        "NVRx's internal helpers (pickle framing, host-wide process scans)",
+    ),
+    Name(
+        "nvidia_resiliency_ext.shared_utils.health_check.GPUHealthCheck",
+        None,
+        Status.NOT_PROVIDED,
+        "each monitor runs the GPU and NIC checks; HealthError says why one failed",
+    ),
+    Name(
+        "nvidia_resiliency_ext.shared_utils.health_check.NicHealthCheck",
+        None,
+        Status.NOT_PROVIDED,
+        "same reason",
+    ),
+    Name(
+        "nvidia_resiliency_ext.attribution",
+        None,
+        Status.NOT_PROVIDED,
+        "no failure attribution service (0.6+); its straggler part is nvrx.straggler",
+    ),
     # straggler
     Name(
         f"{_STRAGGLER}.Detector",
@@ -384,6 +421,13 @@ NAMES: tuple[Name, ...] = (
         f"{_STRAGGLER}.StragglerId", "nvrx.straggler.StragglerId", Status.SAME, "", ("rank", "node")
     ),
     Name(f"{_STRAGGLER}.Statistic", "nvrx.straggler.Statistic", Status.SAME),
+    Name(f"{_STRAGGLER}.statistics.Statistic", "nvrx.straggler.statistics.Statistic", Status.SAME),
+    Name(
+        f"{_STRAGGLER}.reporting.Report",
+        "nvrx.straggler.Report",
+        Status.RENAMED,
+        "import it from the package",
+    ),
     Name(
         f"{_STRAGGLER}.straggler.CallableId",
         "nvrx.straggler.straggler.CallableId",
@@ -478,6 +522,21 @@ NAMES: tuple[Name, ...] = (
         Status.SAME,
         "",
         ("fault_type", "base_delay", "rand_delay", "rank_to_fail"),
+    ),
+    Name(
+        f"{_PTL}.fault_tolerance_callback.FaultToleranceCallback",
+        "nvrx.ptl.fault_tolerance_callback.FaultToleranceCallback",
+        Status.SAME,
+    ),
+    Name(
+        f"{_PTL}.fault_tolerance_sections_callback.FaultToleranceSectionsCallback",
+        "nvrx.ptl.fault_tolerance_sections_callback.FaultToleranceSectionsCallback",
+        Status.SAME,
+    ),
+    Name(
+        f"{_PTL}.straggler_det_callback.StragglerDetectionCallback",
+        "nvrx.ptl.straggler_det_callback.StragglerDetectionCallback",
+        Status.SAME,
     ),
     Name(
         f"{_PTL}.local_checkpoint_callback",
