@@ -592,8 +592,6 @@ ADDED_NAMES: tuple[Name, ...] = tuple(
 
 # -------------------------------------------------------------------------- fields
 
-_NO_EFFECT = "accepted so configs port; logged once as having no effect here"
-
 FIELDS: tuple[Field, ...] = (
     Field(
         "workload_check_interval",
