@@ -188,3 +188,81 @@ def test_without_gather_each_rank_judges_itself(tmp_path: Path, procs: Procs) ->
     exits = probes(out, "exception")
     assert sorted(str(e["rank"]) for e in exits) == ["0", "1"], out
     assert all(e["error"] == "SystemExit(1)" for e in exits), exits
+
+
+def _report_with(slowdowns: tuple[object, ...]) -> object:
+    """A real Report of 3 ranks whose sustained-slowdown rule flagged ``slowdowns``."""
+    from nvrx.straggler import Report
+
+    scores = {0: 1.0, 1: 0.97, 2: 0.9}
+    return Report(
+        gpu_relative_perf_scores=scores,
+        section_relative_perf_scores={"train_step": scores},
+        gpu_individual_perf_scores=scores,
+        section_individual_perf_scores={"train_step": scores},
+        rank_to_node={0: "a", 1: "b", 2: "c"},
+        local_section_summaries={},
+        local_kernel_summaries={},
+        generate_report_elapsed_time=1.0,
+        gather_on_rank0=True,
+        rank=0,
+        sustained_slowdowns=slowdowns,  # type: ignore[arg-type]
+    )
+
+
+@pytest.mark.parametrize(
+    ("section", "options", "stops"),
+    [
+        (None, {}, False),  # found and logged, but the option is off by default
+        (None, {"stop_if_sustained_straggler": True}, True),
+        ("train_step", {"stop_if_sustained_straggler": True}, False),
+        ("train_step", {"stop_if_sustained_straggler": True, "stop_on_section_scores": True}, True),
+        (None, {"stop_if_detected": True}, False),  # scores above every threshold
+    ],
+)
+def test_sustained_slowdown_rule_stops_only_when_opted_in(
+    caplog: pytest.LogCaptureFixture, section: str | None, options: dict[str, bool], stops: bool
+) -> None:
+    from nvrx.straggler import SustainedSlowdown
+
+    slowdown = SustainedSlowdown(2, section, 0.1, 3, "rank 2 is 10% slower for 3 reports")
+    callback = StragglerDetectionCallback(logger_name="test.sustained", **options)
+    with caplog.at_level(logging.WARNING, logger="test.sustained"):
+        stop, _ = callback._handle_report(_report_with((slowdown,)))  # type: ignore[arg-type]
+    assert stop is stops
+    assert "STRAGGLER DETECTION WARNING: rank 2 is 10% slower for 3 reports" in caplog.text
+    assert not callback._handle_report(_report_with(()))[0]  # type: ignore[arg-type]
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.timeout(400)
+def test_sustained_slowdown_ends_the_job_on_three_ddp_ranks(tmp_path: Path, procs: Procs) -> None:
+    """Rank 2's forward pass is 40% slower, above any fixed threshold (thresholds off):
+    the sustained-slowdown rule flags it after 3 reports and the job ends as NVRx's stop."""
+    cfg = _cfg(
+        tmp_path,
+        slow_rank=2,
+        slow_sleep=0.004,
+        max_steps=3000,
+        val_every=20,  # 22 batches per epoch on each of 3 ranks
+        straggler={
+            "report_time_interval": 1.0,
+            "gpu_relative_perf_threshold": 0.0,
+            "gpu_individual_perf_threshold": 0.0,
+            "section_relative_perf_threshold": 0.0,
+            "section_individual_perf_threshold": 0.0,
+            "stop_if_sustained_straggler": True,
+            "stop_on_section_scores": True,
+            "sustained_min_slowdown": 0.15,
+        },
+    )
+    rc, out = run_ddp(procs, cfg, nproc=3)
+    assert rc != 0, out
+    warnings = [line for line in out.splitlines() if "STRAGGLER DETECTION WARNING" in line]
+    assert warnings, out
+    assert all("rank 2" in w for w in warnings), warnings
+    assert "Detected stragglers. Terminating training..." in out
+    exits = probes(out, "exception")
+    assert sorted(str(e["rank"]) for e in exits) == ["0", "1", "2"], out
+    assert all(e["error"] == "SystemExit(1)" for e in exits), exits

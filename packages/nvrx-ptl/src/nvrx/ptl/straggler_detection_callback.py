@@ -9,11 +9,11 @@ from collections.abc import Callable, Iterable, Mapping
 from contextlib import AbstractContextManager
 from typing import Any
 
-from nvrx.straggler import Detector, Report
+from nvrx.straggler import Detector, Report, SustainedSlowdownRule
 
 from ._compat import Callback, LightningModule, Trainer, save_last_checkpoint
 from ._verdict import share_verdict
-from .straggler_scores import format_rank_scores, score_summary
+from .straggler_scores import finite_scores, format_rank_scores, score_summary
 
 __all__ = ["STEP_SECTION", "StragglerDetectionCallback"]
 
@@ -79,9 +79,19 @@ class StragglerDetectionCallback(Callback):
         gather_on_rank0: gather every rank's scores on rank 0, which reports for the
             job (default). With False nothing is gathered: each rank judges and logs
             only itself, and the loggers get rank 0's own scores.
-        stop_on_section_scores: with ``stop_if_detected``, section stragglers (below
-            the section thresholds) stop the training too, not only GPU stragglers.
-            Needed where there are no GPU scores (no GPU, or no CUPTI).
+        stop_on_section_scores: with ``stop_if_detected`` (or
+            ``stop_if_sustained_straggler``), section stragglers stop the training
+            too, not only GPU stragglers. Needed where there are no GPU scores (no GPU,
+            or no CUPTI).
+        stop_if_sustained_straggler: also end the job (as ``stop_if_detected`` does)
+            when the sustained-slowdown rule flags a rank: slower than the median rank
+            by ``sustained_min_slowdown`` for ``sustained_windows`` reports in a row
+            (GPU relative scores; section relative scores with
+            ``stop_on_section_scores``). It catches a GPU that throttles by 5-20%, which
+            never falls below a 0.7 threshold. What the rule finds is logged whether or
+            not this is set. It needs ``gather_on_rank0`` and at least 3 ranks.
+        sustained_min_slowdown: slowdown vs the median rank the rule needs (0.04: 4%).
+        sustained_windows: reports in a row the rule needs.
     """
 
     def __init__(
@@ -100,6 +110,9 @@ class StragglerDetectionCallback(Callback):
         section_individual_perf_threshold: float = 0.7,
         gather_on_rank0: bool = True,
         stop_on_section_scores: bool = False,
+        stop_if_sustained_straggler: bool = False,
+        sustained_min_slowdown: float = 0.04,
+        sustained_windows: int = 3,
     ) -> None:
         super().__init__()
         if (
@@ -150,9 +163,28 @@ class StragglerDetectionCallback(Callback):
             ("stop_if_detected", stop_if_detected),
             ("enable_ptl_logging", enable_ptl_logging),
             ("stop_on_section_scores", stop_on_section_scores),
+            ("stop_if_sustained_straggler", stop_if_sustained_straggler),
         ):
             if not isinstance(flag, bool):
                 raise ValueError(f"{name} must be a bool, got {flag!r}")
+        if (
+            isinstance(sustained_min_slowdown, bool)
+            or not isinstance(sustained_min_slowdown, (int, float))
+            or not 0 < sustained_min_slowdown < 10
+        ):
+            raise ValueError(
+                "sustained_min_slowdown must be a number in (0, 10), "
+                f"got {sustained_min_slowdown!r}"
+            )
+        if (
+            isinstance(sustained_windows, bool)
+            or not isinstance(sustained_windows, int)
+            or sustained_windows < 1
+        ):
+            raise ValueError(f"sustained_windows must be an int >= 1, got {sustained_windows!r}")
+        self.stop_if_sustained_straggler = stop_if_sustained_straggler
+        self.sustained_min_slowdown = float(sustained_min_slowdown)
+        self.sustained_windows = sustained_windows
         self.stop_on_section_scores = stop_on_section_scores
         self.stop_if_detected = stop_if_detected
         self.enable_ptl_logging = enable_ptl_logging
@@ -194,6 +226,9 @@ class StragglerDetectionCallback(Callback):
                 gather_on_rank0=self.gather_on_rank0,
                 profiling_interval=self.profiling_interval,
                 report_time_interval=self.report_time_interval,
+                sustained_slowdown_rule=SustainedSlowdownRule(
+                    self.sustained_min_slowdown, self.sustained_windows
+                ),
             )
             self._owns_detector = True
         self._time_forward(trainer)
@@ -294,7 +329,8 @@ class StragglerDetectionCallback(Callback):
         scores: dict[str, float] = {}
         if report is not None and (trainer.is_global_zero or not self.gather_on_rank0):
             found, scores = self._handle_report(report)
-        if self.stop_if_detected or self.enable_ptl_logging:
+        may_stop = self.stop_if_detected or self.stop_if_sustained_straggler
+        if may_stop or self.enable_ptl_logging:
             verdict = share_verdict(trainer, found, scores)  # a collective: every rank
             found, scores = verdict.found, verdict.scores
         if self.enable_ptl_logging and scores:
@@ -304,13 +340,13 @@ class StragglerDetectionCallback(Callback):
             "Straggler report processing time: %.3f s",
             time.monotonic() - started,
         )
-        if self.stop_if_detected and found:
+        if may_stop and found:
             self._stop_training(trainer)
 
     # -- reports -----------------------------------------------------------------------------
 
     def _handle_report(self, report: Report) -> tuple[bool, dict[str, float]]:
-        """Log the report; return (a straggler that stops training was found, score summary)."""
+        """Log the report; return (it calls for a stop, score summary)."""
         self.last_report = report
         stragglers = report.identify_stragglers(
             gpu_rel_threshold=self.gpu_relative_perf_threshold,
@@ -353,9 +389,12 @@ class StragglerDetectionCallback(Callback):
                 section,
                 _ranks(ids),
             )
+        sustained = report.identify_sustained_stragglers()
+        for slowdown in sustained["details"]:
+            self._log_report(warn, "STRAGGLER DETECTION WARNING: %s", slowdown.reason)
         score_sets = self._score_sets(report)
-        no_gpu_scores = (
-            not report.gpu_relative_perf_scores and not report.gpu_individual_perf_scores
+        no_gpu_scores = not finite_scores(report.gpu_relative_perf_scores) and not finite_scores(
+            report.gpu_individual_perf_scores
         )
         if no_gpu_scores and not self._told_no_gpu_scores:
             self._told_no_gpu_scores = True
@@ -385,8 +424,15 @@ class StragglerDetectionCallback(Callback):
             ]
             if tables:
                 self._log_report(logging.INFO, "Straggler report:\n%s", "".join(tables))
-        found = gpu_found or (self.stop_on_section_scores and section_found)
-        return found, self._summary(score_sets) if self.enable_ptl_logging else {}
+        sections = self.stop_on_section_scores
+        stop = (self.stop_if_detected and (gpu_found or (sections and section_found))) or (
+            self.stop_if_sustained_straggler
+            and bool(
+                sustained["straggler_gpus_relative"]
+                or (sections and sustained["straggler_sections_relative"])
+            )
+        )
+        return stop, self._summary(score_sets) if self.enable_ptl_logging else {}
 
     def _score_sets(self, report: Report) -> list[tuple[str, str, Mapping[int, float]]]:
         """Every score kind of the report: (display title, metric prefix, scores)."""
