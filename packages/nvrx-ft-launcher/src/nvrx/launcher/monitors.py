@@ -27,12 +27,12 @@ from nvrx.ft import (
     create_runtime_dir,
     parse_monitor_event,
 )
+from nvrx.ft.events import MAX_EVENT_BYTES
 
 __all__ = ["MonitorSupervisor"]
 
 logger = logging.getLogger("nvrx.launcher")
 
-_MAX_EVENT_BYTES = 64 * 1024
 
 #: A monitor whose loop has not turned for this long is stuck and is replaced. The loop
 #: beats every ``nvrx.ft.liveness.BEAT_PERIOD_S`` (0.25 s); the margin absorbs scheduling
@@ -90,7 +90,7 @@ class MonitorSupervisor:
         path = self.socket_path(local_rank)
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
-        self._procs[local_rank] = RankMonitorServer.run_in_subprocess(
+        self._procs[local_rank] = RankMonitorServer.start_in_subprocess(
             self._cfg, path, local_rank=local_rank, events_socket=self._events_path
         )
         self._ready.discard(local_rank)
@@ -155,7 +155,7 @@ class MonitorSupervisor:
         events: list[MonitorEvent] = []
         while True:
             try:
-                data = self._events.recv(_MAX_EVENT_BYTES)
+                data = self._events.recv(MAX_EVENT_BYTES)
             except (BlockingIOError, InterruptedError):
                 return events
             try:
