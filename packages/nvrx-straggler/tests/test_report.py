@@ -105,3 +105,31 @@ def test_json_form_follows_its_schema_with_null_for_nan() -> None:
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate({**json.loads(nan.to_json()), "extra": 1}, schema)
     assert "worst 1 of 1 ranks" in nan.format_table()  # NaN is not ranked
+
+
+def test_the_rank_row_is_named_versioned_and_refuses_other_versions() -> None:
+    from nvrx.straggler.rank_row import HEAD_FIELDS, ROW_VERSION, GatheredRows, RankRow
+
+    row = RankRow(
+        gpu_relative=0.5,
+        gpu_relative_code=0.0,
+        kernel_time_ms=3.0,
+        section_individual=[1.0, 0.9],
+        section_individual_code=[0.0, 0.0],
+        section_relative=[0.8, float("nan")],
+        section_relative_code=[0.0, 1.0],
+        section_median_ms=[10.0, float("nan")],
+    )
+    wire = row.encode()
+    assert wire[:2] == [ROW_VERSION, 2.0]
+    assert len(wire) == RankRow.length(2) == 2 + len(HEAD_FIELDS) + 5 * 2
+    rows = GatheredRows.from_rows([4, 7], [wire, wire])
+    assert rows.head("gpu_relative") == [0.5, 0.5]
+    assert rows.section("section_relative", 0) == [0.8, 0.8]
+    assert rows.section("section_median_ms", 1)[0] != rows.section("section_median_ms", 1)[0]
+    with pytest.raises(ValueError, match="version"):
+        GatheredRows.from_rows([0, 1], [wire, [ROW_VERSION + 1.0, *wire[1:]]])
+    with pytest.raises(ValueError, match="number of sections"):
+        GatheredRows.from_rows([0, 1], [wire, RankRow().encode() + [0.0] * 10])
+    with pytest.raises(ValueError, match="cells"):
+        RankRow(section_median_ms=[1.0]).encode()

@@ -107,9 +107,8 @@ class SustainedSlowdownRule:
         keep = self.windows - 1
         runs: dict[int, tuple[float, ...]] = {}
         out: list[SustainedSlowdown] = []
-        for rank, score in scores.items():
-            if not 0 < score <= limit:  # most ranks, and NaN, stop here
-                continue
+        slow = [(r, s) for r, s in scores.items() if 0 < s <= limit]  # NaN is never here
+        for rank, score in slow:
             previous = old.get(rank, ())
             run = (
                 (*previous[len(previous) - keep :], median / score - 1)

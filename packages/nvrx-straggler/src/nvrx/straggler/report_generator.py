@@ -188,7 +188,7 @@ class ReportGenerator:
         self.rank = comm.rank()
         self.report_index += 1
         kernels = self._compute_kernels(kernel_summaries)
-        sections = dict(section_summaries)
+        sections = dict(section_summaries)  # the Report holds these mappings as given
         rel = self.is_computing_rel_scores
         distributed = comm.distributed
         exchange = distributed and (rel or self.gather_on_rank0)
@@ -433,8 +433,8 @@ class ReportGenerator:
                 if self.gather_on_rank0
                 else {self.rank: self.rank_to_node.get(self.rank, self.node_name)}
             ),
-            local_section_summaries={k: dict(v) for k, v in sections.items()},
-            local_kernel_summaries={k: dict(v) for k, v in kernels.items()},
+            local_section_summaries=sections,
+            local_kernel_summaries=kernels,
             generate_report_elapsed_time=0.0,
             gather_on_rank0=self.gather_on_rank0,
             rank=self.rank,

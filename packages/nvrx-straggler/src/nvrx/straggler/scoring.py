@@ -106,11 +106,11 @@ def gpu_score(
     num = 0.0
     den = 0.0
     for i, med in enumerate(meds):
-        if not _present(med):
+        if not (med > 0 and med != _INF):  # not present (NaN included)
             continue
         any_present = True
         r = ref[i]
-        if not _present(r) or (usable is not None and not usable[i]):
+        if not (r > 0 and r != _INF) or (usable is not None and not usable[i]):
             continue
         any_used = True
         w = weights[i]

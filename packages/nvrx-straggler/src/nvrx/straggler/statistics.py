@@ -59,6 +59,10 @@ class Statistic(enum.Enum):
     STD = enum.auto()
     NUM = enum.auto()
 
+    # Members are singletons compared by identity: hashing by identity is the same
+    # mapping, done in C instead of Enum's Python __hash__ (summaries are looked up a lot).
+    __hash__ = object.__hash__
+
     def __str__(self) -> str:
         return self.name
 
