@@ -233,10 +233,12 @@ def integration(session: nox.Session) -> None:
 
 @nox.session
 def build(session: nox.Session) -> None:
-    """Build every wheel and sdist with hatch (nvrx-straggler's through setuptools, for
-    its C extension); check their metadata and contents (tools/check_dist.py, twine
-    check --strict); install each wheel alone and import it, and nvrx-straggler's sdist
-    where no C compiler works."""
+    """Every wheel and sdist built, checked (metadata, contents, twine) and installed alone.
+
+    hatch builds them (nvrx-straggler's through setuptools, for its C extension);
+    tools/check_dist.py and ``twine check --strict`` check them; each wheel is installed
+    alone and imported, and nvrx-straggler's sdist where no C compiler works.
+    """
     session.install("hatch>=1.9", "twine>=6.1")
     dist = ROOT / "dist"
     shutil.rmtree(dist, ignore_errors=True)
@@ -399,8 +401,7 @@ def visible_gpus(session: nox.Session) -> int:
 
 @nox.session
 def gpu_tests(session: nox.Session) -> None:
-    """Tests marked gpu. Without a GPU: fails if NVRX_REQUIRE_GPU=1, else says so and
-    runs nothing."""
+    """Tests marked gpu; without a GPU, fails if NVRX_REQUIRE_GPU=1, else runs nothing."""
     try:
         required = gpu_required()
     except ValueError as exc:
