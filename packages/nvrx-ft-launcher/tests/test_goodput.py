@@ -358,6 +358,21 @@ def test_empty_and_odd_inputs_do_not_raise() -> None:
     assert sum(g.seconds.values()) == pytest.approx(g.total_s)
 
 
+def test_a_damaged_journal_is_read_as_far_as_it_makes_sense() -> None:
+    records: list[Record] = [
+        *crash_then_finish(),
+        {"event": "decision", "t": "noon", "cycle": 0},
+        {"event": "decision", "t": 80.0, "cycle": 0, "action": "explode", "failure_noticed": None},
+        {"event": "restart", "t": float("nan"), "from_cycle": 0},
+        {"event": "restart", "t": 83.0, "from_cycle": 0, "rendezvous_done": "soon"},
+        {"event": "rank_failed", "t": 81.0, "cycle": "zero"},
+        {"event": "rank_failed", "t": 80.5, "cycle": 0, "monitor_cause": "x", "observed_s": None},
+        {"t": 1.0},
+    ]
+    g = account([{"node": "a", **r} for r in records])
+    assert g.to_json() == account(crash_then_finish()).to_json()
+
+
 def test_records_of_run_keeps_one_jobs_launchers() -> None:
     a, b = two_nodes()
     other = [rec("run_start", 500.0, "c", run_id="other"), rec("finished", 600.0, "c")]

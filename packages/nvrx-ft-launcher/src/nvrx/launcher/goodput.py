@@ -334,6 +334,23 @@ class Timeline:
         )
 
 
+def _is_time(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _opt_num(record: Mapping[str, Any], key: str) -> float | None:
+    """``record[key]`` when it is a finite number, else None (a damaged journal)."""
+    value = record.get(key)
+    if isinstance(value, (int, float)) and _is_time(value):
+        return float(value)
+    return None
+
+
+def _num(record: Mapping[str, Any], key: str, default: float) -> float:
+    value = _opt_num(record, key)
+    return default if value is None else value
+
+
 def _evidence(record: Mapping[str, Any]) -> tuple[float, Cause] | None:
     """When a journal record says the fault happened, and its cause (None: no fault)."""
     kind, t = record.get("event"), float(record["t"])
@@ -343,8 +360,7 @@ def _evidence(record: Mapping[str, Any]) -> tuple[float, Cause] | None:
         )
         if monitor_cause is None:
             return t, Cause.CRASH
-        observed = record.get("observed_s")
-        since = t - float(observed) if isinstance(observed, (int, float)) and observed >= 0 else t
+        since = t - max(0.0, _num(record, "observed_s", 0.0))
         return since, Cause.HEALTH if monitor_cause in _HEALTH_CAUSES else Cause.HANG
     if kind == "monitor_died" and record.get("rank_was_connected"):
         return t, Cause.MONITOR_DIED
@@ -364,15 +380,15 @@ def _node_timeline(node: str, records: Sequence[Mapping[str, Any]]) -> Timeline:
         cycles[cycle] = current.merge(CycleTimes(cycle, **changes))
 
     for r in records:
-        kind, t, cycle = r.get("event"), r.get("t"), r.get("cycle")
-        if not isinstance(t, (int, float)):
+        kind, t, cycle = r.get("event"), _opt_num(r, "t"), r.get("cycle")
+        if t is None:
             continue
         if kind == "run_start":
             start = _lo(start, t)
         elif kind == "finished":
             end = _hi(end, t)
         elif kind == "progress" and isinstance(r.get("value"), int):
-            marks.append(CheckpointMark(float(r.get("saved", t)), int(r["value"])))
+            marks.append(CheckpointMark(_num(r, "saved", t), int(r["value"])))
         if not isinstance(cycle, int):
             continue
         evidence = _evidence(r)
@@ -383,9 +399,9 @@ def _node_timeline(node: str, records: Sequence[Mapping[str, Any]]) -> Timeline:
             if isinstance(r.get("group_rank"), int):
                 group_rank = r["group_rank"]
         elif kind == "first_step":
-            update(cycle, first_step=float(r.get("first_step", t)))
+            update(cycle, first_step=_num(r, "first_step", t))
         elif kind == "decision":
-            noticed = float(r.get("failure_noticed", t))
+            noticed = _num(r, "failure_noticed", t)
             cause = _TRIGGERS.get(str(r.get("trigger")))
             if cause is None and r.get("reason") == _NODES_WAITING_REASON:
                 cause = Cause.NODES_WAITING
@@ -394,18 +410,15 @@ def _node_timeline(node: str, records: Sequence[Mapping[str, Any]]) -> Timeline:
             update(
                 cycle,
                 noticed=noticed,
-                action=r.get("action"),
+                action=r.get("action") if r.get("action") in _ACTIONS else None,
                 fault=noticed,
                 cause=cause or Cause.UNKNOWN,
             )
         elif kind == "workers_stopped":
-            update(cycle, stopped=float(r.get("workers_stopped", t)))
+            update(cycle, stopped=_num(r, "workers_stopped", t))
         elif kind == "restart" and isinstance(r.get("from_cycle"), int):
-            update(
-                r["from_cycle"],
-                rendezvous_done=r.get("rendezvous_done"),
-                stopped=r.get("workers_stopped"),
-            )
+            stopped, done = _opt_num(r, "workers_stopped"), _opt_num(r, "rendezvous_done")
+            update(r["from_cycle"], rendezvous_done=done, stopped=stopped)
         elif kind == "all_nodes_finished":
             update(cycle, ended=t, action="finish")
     return Timeline(
