@@ -32,8 +32,15 @@ ROOT = pathlib.Path(__file__).resolve().parent
 TORCH_SPEC = os.environ.get("NVRX_TORCH_SPEC", "torch==2.13.0")
 #: PyTorch's documented index for CPU-only wheels (``pip install torch --index-url ...``).
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
-#: The CPythons every package claims (its classifiers); ``hotpath_matrix`` builds on each.
-PYTHONS = ["3.10", "3.11", "3.12", "3.13"]
+#: The CPythons the packages claim (their classifiers, the same in each, which
+#: tools/check_dist.py checks); ``hotpath_matrix`` builds and tests on each.
+PYTHONS = [
+    c.rsplit(" :: ", 1)[1]
+    for c in nox.project.load_toml(ROOT / "packages" / "nvrx-straggler" / "pyproject.toml")[
+        "project"
+    ]["classifiers"]
+    if c.startswith("Programming Language :: Python :: 3.")
+]
 #: nvrx-straggler's tests of its C hot path that run without torch, and what they need.
 HOTPATH_TESTS = [str(ROOT / "packages" / "nvrx-straggler" / "tests" / "test_hotpath_parity.py")]
 HOTPATH_TEST_TOOLS = ["pytest>=8", "pytest-timeout>=2.3"]

@@ -147,6 +147,7 @@ GOOD_METADATA = """\
 Metadata-Version: 2.4
 Name: nvrx-demo
 Version: 0.1.0
+Requires-Python: >=3.10
 License-Expression: Apache-2.0
 License-File: LICENSE
 Project-URL: Homepage, https://github.com/nvrx/nvrx
@@ -191,7 +192,7 @@ def test_each_metadata_fault_is_named(tmp_path: pathlib.Path) -> None:
     bad = (
         GOOD_METADATA.replace("License-File: LICENSE\n", "")
         .replace("Project-URL: Issues, https://github.com/nvrx/nvrx/issues\n", "")
-        .replace("Classifier: Programming Language :: Python :: 3.13\n", "")
+        .replace("Classifier: Programming Language :: Python :: 3.11\n", "")
         .replace(
             "Classifier: Programming",
             "Classifier: License :: OSI Approved :: Apache Software License\n"
@@ -205,7 +206,7 @@ def test_each_metadata_fault_is_named(tmp_path: pathlib.Path) -> None:
         "no License-File: LICENSE",
         "its LICENSE differs from the repository's",
         "deprecated classifier 'License :: OSI Approved :: Apache Software License'",
-        "no classifier for CPython 3.13",
+        "no classifier for CPython 3.11",
         "Project-URL Issues missing or not https: None",
         "repository-relative link 'docs/guides/usage.md' in the long description "
         "(it breaks on PyPI)",
@@ -218,6 +219,12 @@ def test_missing_license_and_missing_artifacts(tmp_path: pathlib.Path) -> None:
     )
     problems = check_dist.check(tmp_path, expect_hotpath=False)
     assert "nvrx-straggler: no wheel in " + str(tmp_path) in problems
+    assert not any("claim different CPythons" in p for p in problems)
+    # An sdist claiming one CPython fewer than the wheel beside it is caught.
+    fewer = GOOD_METADATA.replace("Classifier: Programming Language :: Python :: 3.13\n", "")
+    write_sdist(tmp_path / "nvrx_demo-0.1.0.tar.gz", {"PKG-INFO": fewer.encode()})
+    problems = check_dist.check(tmp_path, expect_hotpath=False)
+    assert any("the artifacts claim different CPythons" in p for p in problems)
     assert "nvrx-demo" not in check_dist.DISTRIBUTIONS
 
 

@@ -24,7 +24,7 @@ import zipfile
 from dataclasses import dataclass
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-PYTHONS = ("3.10", "3.11", "3.12", "3.13")
+_CPYTHON = "Programming Language :: Python :: 3."
 URL_LABELS = ("Homepage", "Documentation", "Source", "Issues", "Changelog")
 DISTRIBUTIONS = ("nvrx-ft-core", "nvrx-ft-launcher", "nvrx-straggler", "nvrx-ptl")
 # Files of a package's src/ that its wheels do not carry as they are (built, or not shipped);
@@ -80,6 +80,12 @@ def read_sdist(path: pathlib.Path) -> Artifact:
     return Artifact(path, names, meta, text)
 
 
+def claimed_pythons(meta: email.message.Message) -> set[int]:
+    """The minor versions of CPython 3 an artifact's classifiers claim."""
+    classifiers = meta.get_all("Classifier") or []
+    return {int(c[len(_CPYTHON) :]) for c in classifiers if c.startswith(_CPYTHON)}
+
+
 def metadata_problems(art: Artifact, license_text: bytes) -> list[str]:
     """What is wrong with one artifact's core metadata (empty when nothing is)."""
     meta = art.metadata
@@ -94,11 +100,20 @@ def metadata_problems(art: Artifact, license_text: bytes) -> list[str]:
         out.append("its LICENSE differs from the repository's")
     classifiers = meta.get_all("Classifier") or []
     out += [f"deprecated classifier {c!r}" for c in classifiers if c.startswith("License ::")]
-    out += [
-        f"no classifier for CPython {v}"
-        for v in PYTHONS
-        if f"Programming Language :: Python :: {v}" not in classifiers
-    ]
+    # The CPythons claimed: every one from Requires-Python's minimum up to the newest
+    # (and check() makes every distribution claim the same ones).
+    minors = sorted(claimed_pythons(meta))
+    floor = re.fullmatch(r">=\s*3\.(\d+)", str(meta.get("Requires-Python", "")).strip())
+    if floor is None:
+        out.append(f"Requires-Python {meta.get('Requires-Python')!r} is not '>=3.N'")
+    elif minors:
+        out += [
+            f"no classifier for CPython 3.{m}"
+            for m in range(int(floor.group(1)), minors[-1] + 1)
+            if m not in minors
+        ]
+    else:
+        out.append("no classifier names a CPython version")
     urls = dict(u.split(", ", 1) for u in meta.get_all("Project-URL") or [])
     for label in URL_LABELS:
         if not urls.get(label, "").startswith("https://"):
@@ -166,6 +181,7 @@ def check(dist: pathlib.Path, expect_hotpath: bool) -> list[str]:
     license_text = (ROOT / "LICENSE").read_bytes()
     problems: list[str] = []
     found: dict[str, set[str]] = {}
+    claims: dict[str, set[int]] = {}
     for path in sorted(dist.iterdir()):
         if path.suffix == ".whl":
             art = read_wheel(path)
@@ -176,8 +192,11 @@ def check(dist: pathlib.Path, expect_hotpath: bool) -> list[str]:
         found.setdefault(str(art.metadata.get("Name")), set()).add(
             "wheel" if art.is_wheel else "sdist"
         )
+        claims[path.name] = claimed_pythons(art.metadata)
         for p in metadata_problems(art, license_text) + content_problems(art, expect_hotpath):
             problems.append(f"{path.name}: {p}")
+    if len({frozenset(c) for c in claims.values()}) > 1:
+        problems.append(f"the artifacts claim different CPythons: {claims}")
     for name in DISTRIBUTIONS:
         missing = {"wheel", "sdist"} - found.get(name, set())
         problems += [f"{name}: no {kind} in {dist}" for kind in sorted(missing)]
