@@ -14,6 +14,7 @@ from nvrx.launcher.goodput import (
     CheckpointMark,
     Goodput,
     IterationSample,
+    Ledger,
     Phase,
     StragglerWait,
     Timeline,
@@ -377,3 +378,26 @@ def test_records_of_run_keeps_one_jobs_launchers() -> None:
     a, b = two_nodes()
     other = [rec("run_start", 500.0, "c", run_id="other"), rec("finished", 600.0, "c")]
     assert records_of_run(a + other + b, "job") == a + b
+
+
+def test_ledger_returns_each_restart_cost_once_when_complete() -> None:
+    ledger = Ledger()
+    fed = {i: ledger.feed(r) for i, r in enumerate(crash_then_finish())}
+    # the cost of the restart into cycle 1 is complete at cycle 1's first step (record 9)
+    assert [i for i, costs in fed.items() if costs] == [9]
+    [cost] = fed[9]
+    assert cost == account(crash_then_finish()).restarts[0]
+    assert ledger.summary().to_json() == account(crash_then_finish()).to_json()
+    assert ledger.timeline() == Timeline.from_records(crash_then_finish())
+    # without first_step records: when the new cycle ends, first step unknown
+    ledger = Ledger()
+    plain = [r for r in crash_then_finish() if r["event"] != "first_step"]
+    by_event = {str(r["event"]): ledger.feed(r) for r in plain}
+    [cost] = by_event["all_nodes_finished"]
+    assert cost.first_step_s is None
+    assert by_event["finished"] == []
+    # the launcher ends during the restart: the cost comes with "finished"
+    ledger = Ledger()
+    out = [c for r in [*crash_then_finish()[:7], rec("finished", 85.0)] for c in ledger.feed(r)]
+    assert [(c.from_cycle, c.first_step_s) for c in out] == [(0, None)]
+    assert ledger.summary(now=86.0).total_s == 85.0

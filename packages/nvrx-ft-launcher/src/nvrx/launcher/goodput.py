@@ -50,6 +50,7 @@ __all__ = [
     "CycleTimes",
     "Goodput",
     "IterationSample",
+    "Ledger",
     "Phase",
     "RestartCost",
     "StragglerWait",
@@ -600,14 +601,19 @@ def account(
 
     ``checkpoints`` add to the journal's ``progress`` records; ``iterations`` is the
     training's iteration history (for the step time); ``straggler`` the waits the
-    straggler reports measured; ``now`` ends a job that has not finished.
+    straggler reports measured; ``now`` ends a job that has not finished (without it,
+    such a job ends at the latest time in the records).
     """
     tl = records if isinstance(records, Timeline) else Timeline.from_records(records)
     marks = sorted({*tl.checkpoints, *checkpoints}, key=lambda m: (m.t, m.iteration))
     history = sorted(iterations, key=lambda s: s.t)
     cycles = [c for c in tl.cycles if c.started is not None]
-    end = _hi(tl.end, now)
     start = tl.start if tl.start is not None else (cycles[0].started if cycles else None)
+    end = tl.end if tl.end is not None else now
+    if end is None:  # not finished and no ``now``: up to the latest time recorded
+        times = [getattr(c, f.name) for c in cycles for f in dataclasses.fields(c)]
+        for t in [start, *(t for t in times if isinstance(t, float))]:
+            end = _hi(end, t)
     if start is None or end is None:
         start = end = start or end or 0.0
     seconds = dict.fromkeys(Phase, 0.0)
@@ -703,3 +709,47 @@ def account(
         restarts=tuple(costs),
         unknown=tuple(unknown),
     )
+
+
+#: Records after which a restart's cost may be complete.
+_COST_EVENTS = frozenset({"first_step", "decision", "all_nodes_finished", "finished"})
+
+
+class Ledger:
+    """The agent's running account: it is fed each journal record and says when each
+    restart's cost is complete, so the agent writes it once, as one journal line."""
+
+    def __init__(self) -> None:
+        self._records: list[Mapping[str, Any]] = []
+        self._written: set[int] = set()
+
+    def feed(self, record: Mapping[str, Any]) -> list[RestartCost]:
+        """Add ``record``; the restart costs it completes (each returned once).
+
+        A cost is complete at the new cycle's first step, or, without ``first_step``
+        records, when that cycle ends or the launcher finishes (first step unknown).
+        """
+        self._records.append(dict(record))
+        kind = record.get("event")
+        if kind not in _COST_EVENTS:
+            return []
+        ended = {
+            r.get("cycle")
+            for r in self._records
+            if r.get("event") in ("decision", "all_nodes_finished")
+        }
+        out = []
+        for cost in account(self._records).restarts:
+            done = cost.first_step_s is not None or cost.cycle in ended or kind == "finished"
+            if done and cost.from_cycle not in self._written:
+                self._written.add(cost.from_cycle)
+                out.append(cost)
+        return out
+
+    def summary(self, now: float | None = None) -> Goodput:
+        """This node's account so far (``now``: the job has not finished)."""
+        return account(self._records, now=now)
+
+    def timeline(self) -> Timeline:
+        """This node's timeline, to publish to the node that writes the job summary."""
+        return Timeline.from_records(self._records)
