@@ -38,7 +38,7 @@ __all__ = ["SustainedSlowdown", "SustainedSlowdownRule"]
 _INF = math.inf
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class SustainedSlowdown:
     """A rank the rule flags: ``slowdown`` is its mean over ``windows`` reports.
 
@@ -101,7 +101,8 @@ class SustainedSlowdownRule:
             self._runs.pop(key, None)
             return []
         median = summarize(finite)[Statistic.MED]
-        half = self.min_slowdown / 2
+        minimum = self.min_slowdown
+        half = minimum / 2
         limit = median / (1 + half)  # slowdown >= half  <=>  score <= limit
         old = self._runs.get(key, {})
         keep = self.windows - 1
@@ -118,12 +119,12 @@ class SustainedSlowdownRule:
             runs[rank] = run
             if len(run) == self.windows:
                 mean = sum(run) / self.windows
-                if mean >= self.min_slowdown:
-                    out.append(self._flag(rank, key, mean, half))
+                if mean >= minimum:
+                    out.append(self._flag(rank, key, mean))
         self._runs[key] = runs
         return out
 
-    def _flag(self, rank: int, key: str | None, mean: float, half: float) -> SustainedSlowdown:
+    def _flag(self, rank: int, key: str | None, mean: float) -> SustainedSlowdown:
         what = "GPU" if key is None else f"section {key!r}"
         return SustainedSlowdown(
             rank,
@@ -131,6 +132,6 @@ class SustainedSlowdownRule:
             mean,
             self.windows,
             f"rank {rank}: {what} {mean:.1%} slower than the median rank on average over "
-            f"the last {self.windows} reports (each at least {half:.1%}; threshold "
-            f"{self.min_slowdown:.1%})",
+            f"the last {self.windows} reports (each at least {self.min_slowdown / 2:.1%}; "
+            f"threshold {self.min_slowdown:.1%})",
         )

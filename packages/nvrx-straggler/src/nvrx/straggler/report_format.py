@@ -78,7 +78,16 @@ def report_to_dict(report: Report) -> dict[str, Any]:
         },
         "rank_to_node": {str(r): n for r, n in sorted(report.rank_to_node.items())},
         "non_comparable": [dataclasses.asdict(n) for n in report.non_comparable],
-        "sustained_slowdowns": [dataclasses.asdict(s) for s in report.sustained_slowdowns],
+        "sustained_slowdowns": [
+            {
+                "rank": s.rank,
+                "section": s.section,
+                "slowdown": s.slowdown,
+                "windows": s.windows,
+                "reason": s.reason,
+            }
+            for s in report.sustained_slowdowns
+        ],
         "local_section_summaries": _summaries(report.local_section_summaries),
         "local_kernel_summaries": _summaries(report.local_kernel_summaries),
         "kernel_timing": (
