@@ -289,6 +289,16 @@ def test_fault_during_restart_start_up_is_charged_to_the_restart() -> None:
     assert g.unknown == ()
 
 
+def test_a_crash_journaled_just_after_its_tick_is_still_the_cause() -> None:
+    records = crash_then_finish()
+    records[4] = rec("rank_failed", 80.02, cycle=0, rank=1, monitor_cause=None)  # noticed 80.0
+    [cost] = account(records).restarts
+    assert (cost.cause, cost.fault, cost.detection_s) == (Cause.CRASH, 80.0, 0.0)
+    # and the other order of the two nodes' views gives the same
+    tl = Timeline.from_records(records)
+    assert account(Timeline.merge([tl, Timeline.from_records(records[:5])])).restarts == (cost,)
+
+
 def test_hang_detection_runs_from_the_last_sign_of_life() -> None:
     records = crash_then_finish()
     records[4] = rec(

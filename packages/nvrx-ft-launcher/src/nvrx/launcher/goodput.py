@@ -174,6 +174,8 @@ class CycleTimes:
     first_step: float | None = None
     fault: float | None = None
     cause: Cause | None = None
+    #: The cause the decision gives (its ``trigger``), used when no record shows the fault.
+    trigger: Cause | None = None
     noticed: float | None = None
     action: str | None = None
     stopped: float | None = None
@@ -195,6 +197,7 @@ class CycleTimes:
             first_step=_hi(self.first_step, other.first_step),
             fault=fault,
             cause=cause,
+            trigger=min((self.trigger, other.trigger), key=_cause_key),
             noticed=_lo(self.noticed, other.noticed),
             action=min(actions, key=_ACTIONS.index) if actions else None,
             stopped=_hi(self.stopped, other.stopped),
@@ -206,6 +209,7 @@ class CycleTimes:
         """JSON form (the cause by value)."""
         out = dataclasses.asdict(self)
         out["cause"] = None if self.cause is None else self.cause.value
+        out["trigger"] = None if self.trigger is None else self.trigger.value
         return out
 
     @classmethod
@@ -216,7 +220,7 @@ class CycleTimes:
             value = data.get(f.name)
             if f.name == "cycle":
                 value = _int(value, "cycle")
-            elif f.name == "cause":
+            elif f.name in ("cause", "trigger"):
                 value = None if value is None else Cause(value)
             elif f.name == "action":
                 if value is not None and value not in _ACTIONS:
@@ -407,13 +411,12 @@ def _node_timeline(node: str, records: Sequence[Mapping[str, Any]]) -> Timeline:
             if cause is None and r.get("reason") == _NODES_WAITING_REASON:
                 cause = Cause.NODES_WAITING
             # The decision is the fault's latest possible time (e.g. another node's crash
-            # whose records are not here); real evidence is earlier and wins the merge.
+            # whose records are not here): account() takes the earlier of the two.
             update(
                 cycle,
                 noticed=noticed,
                 action=r.get("action") if r.get("action") in _ACTIONS else None,
-                fault=noticed,
-                cause=cause or Cause.UNKNOWN,
+                trigger=cause or Cause.UNKNOWN,
             )
         elif kind == "workers_stopped":
             update(cycle, stopped=_num(r, "workers_stopped", t))
@@ -639,14 +642,18 @@ def account(
 
     pending: dict[str, Any] | None = None  # the restart into this cycle, until its first step
     for i, c in enumerate(cycles):
-        ended_by_fault = c.action not in (None, "finish") and c.fault is not None
+        # A rank's failure is journaled just after the tick that noticed it: the fault is
+        # the earlier of its records and the decision, its cause the records' if any.
+        fault = _lo(c.fault, c.noticed)
+        cause = c.cause or c.trigger or Cause.UNKNOWN
+        ended_by_fault = c.action not in (None, "finish") and fault is not None
         # With first_step records on, a cycle without one that failed never got there.
         first_known = c.first_step is not None or (first_steps_recorded and ended_by_fault)
         if not first_known:
             unknown.append(f"cycle {c.cycle}: first step")
         begin = c.first_step
         if begin is None:
-            begin = c.fault if first_known else c.started
+            begin = fault if first_known else c.started
         if pending is None:
             span(begin, Phase.STARTUP)
         else:
@@ -660,31 +667,29 @@ def account(
             span(end if c.ended is None else c.ended, Phase.PRODUCTIVE)
             span(end, Phase.EXIT)
             break
-        assert c.fault is not None
-        assert c.cause is not None
         train_begin = cursor
-        span(c.fault, Phase.PRODUCTIVE)
+        span(fault, Phase.PRODUCTIVE)
         lost = _lost_work(train_begin, cursor, marks, history)
         if lost is None:
             unknown.append(f"cycle {c.cycle}: recomputed work")
         elif lost > 0:
             seconds[Phase.PRODUCTIVE] -= lost
             seconds[Phase.RECOMPUTED] += lost
-            by_cause[c.cause] = by_cause.get(c.cause, 0.0) + lost
+            by_cause[cause] = by_cause.get(cause, 0.0) + lost
             productive[-1] = (productive[-1][0], productive[-1][1] - lost)
-        detection = span(c.noticed, Phase.DETECTION, c.cause)
-        stop = span(c.stopped, Phase.STOP, c.cause)
+        detection = span(c.noticed, Phase.DETECTION, cause)
+        stop = span(c.stopped, Phase.STOP, cause)
         if c.action != "restart":
             span(end, Phase.EXIT)
             break
         pending = {
             "from_cycle": c.cycle,
             "cycle": c.cycle + 1,
-            "cause": c.cause,
-            "fault": c.fault,
+            "cause": cause,
+            "fault": fault,
             "detection_s": detection,
             "stop_s": stop,
-            "rendezvous_s": span(c.rendezvous_done, Phase.RENDEZVOUS, c.cause),
+            "rendezvous_s": span(c.rendezvous_done, Phase.RENDEZVOUS, cause),
             "recomputed_s": lost,
         }
         if i + 1 == len(cycles):  # the job ended during this restart
