@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import itertools
 import json
+import pathlib
+from collections.abc import Callable
 from typing import Any
 
 import pytest
+from launcher_testkit import Launcher, read_events  # type: ignore[import-not-found]
 
 from nvrx.launcher.goodput import (
     SCHEMA_VERSION,
@@ -411,3 +414,61 @@ def test_ledger_returns_each_restart_cost_once_when_complete() -> None:
     out = [c for r in [*crash_then_finish()[:7], rec("finished", 85.0)] for c in ledger.feed(r)]
     assert [(c.from_cycle, c.first_step_s) for c in out] == [(0, None)]
     assert ledger.summary(now=86.0).total_s == 85.0
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_real_run_ettr_matches_a_hand_computation(
+    start_launcher: Callable[..., Launcher], tmp_path: pathlib.Path
+) -> None:
+    """A 2-rank gloo job under ft_launcher, rank 1 SIGKILLed at step 8, then finished.
+
+    The hand computation uses only the training script's own step log: the kept training
+    is cycle 0 from its first step to the step-7 checkpoint, and cycle 1 from its first
+    step to its end. Tolerance: 1.5 s (the launcher sees the end of training through the
+    exit barrier, a few ticks of --monitor-interval 0.1 on a loaded machine).
+    """
+    log_dir = tmp_path / "logs"
+    launcher = start_launcher(
+        ["--nproc-per-node", "2", "--max-restarts", "2", "--log-dir", str(log_dir)],
+        ["--steps", "20", "--step-time", "0.1", "--fault", "sigkill:1:8"],
+    )
+    assert launcher.wait() == 0, launcher.log()
+    journal = [json.loads(line) for line in (log_dir / "ft_launcher_events.jsonl").open()]
+    steps = [e for e in read_events(launcher.out) if e["event"] == "step"]
+    done = [e for e in read_events(launcher.out) if e["event"] == "done"]
+    first: dict[int, float] = {}  # the later rank's first step of each cycle
+    for cycle in {e["cycle"] for e in steps}:
+        per_rank: dict[int, float] = {}
+        for e in steps:
+            if e["cycle"] == cycle:
+                per_rank[e["rank"]] = min(per_rank.get(e["rank"], e["t"]), e["t"])
+        first[cycle] = max(per_rank.values())
+    assert sorted(first) == [0, 1]
+    # the records the agent writes once first steps and checkpoints are wired in
+    node = journal[0]["node"]
+    extra = [rec("first_step", t, node, cycle=c) for c, t in first.items()]
+    marks = [CheckpointMark(e["t"], e["step"]) for e in steps if e["rank"] == 0]
+    g = account([*journal, *extra], checkpoints=marks)
+
+    ckpt = next(e["t"] for e in steps if (e["rank"], e["cycle"], e["step"]) == (0, 0, 7))
+    hand_productive = (ckpt - first[0]) + (max(e["t"] for e in done) - first[1])
+    run_start = next(r["t"] for r in journal if r["event"] == "run_start")
+    hand_total = journal[-1]["t"] - run_start
+    assert g.total_s == pytest.approx(hand_total)
+    assert g.seconds[Phase.PRODUCTIVE] == pytest.approx(hand_productive, abs=1.5)
+    hand_ettr = hand_productive / hand_total
+    assert g.ettr is not None
+    assert g.ettr == pytest.approx(hand_ettr, abs=1.5 / hand_total)
+    assert sum(g.seconds.values()) == pytest.approx(g.total_s)
+    assert g.unknown == ()
+    [cost] = g.restarts
+    assert cost.cause is Cause.CRASH
+    restart_record = next(r for r in journal if r["event"] == "restart")
+    for phase in ("stop_s", "rendezvous_s", "spawn_s"):
+        assert getattr(cost, phase) == pytest.approx(restart_record[phase], abs=0.05)
+    assert cost.first_step_s is not None
+    assert cost.first_step_s > 0
+    assert cost.recomputed_s is not None
+    print(f"\nhand ETTR {hand_ettr:.3f}; {g.format()}")
