@@ -11,7 +11,9 @@ import urllib.request
 from collections.abc import Iterator
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.parser import (  # type: ignore[import-not-found, unused-ignore]
+    text_string_to_metric_families,
+)
 
 from nvrx.launcher.goodput import Cause, Phase, account
 from nvrx.launcher.metrics import (
