@@ -22,6 +22,7 @@ from nvrx.launcher.goodput import (
     StragglerWait,
     Timeline,
     account,
+    main,
     records_of_run,
     restart_costs,
     writes_job_summary,
@@ -414,6 +415,24 @@ def test_ledger_returns_each_restart_cost_once_when_complete() -> None:
     out = [c for r in [*crash_then_finish()[:7], rec("finished", 85.0)] for c in ledger.feed(r)]
     assert [(c.from_cycle, c.first_step_s) for c in out] == [(0, None)]
     assert ledger.summary(now=86.0).total_s == 85.0
+
+
+def test_command_line_summary_of_a_journal_file(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "journal.jsonl"
+    a, b = two_nodes()
+    other = [rec("run_start", 500.0, "c", run_id="other"), rec("finished", 600.0, "c")]
+    lines = [json.dumps(r) for r in [*a, *other, *b]]
+    path.write_text("\n".join([*lines, '{"event": "finished", "t": 1', "[1]"]) + "\n")
+    assert main([str(path), "--run-id", "job", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == account(a + b).to_json()
+    assert main([str(path), "--run-id", "job"]) == 0
+    assert capsys.readouterr().out == account(a + b).format() + "\n"
+    with pytest.raises(SystemExit) as exc:
+        main([str(tmp_path / "missing.jsonl")])
+    assert exc.value.code == 2
+    assert "missing.jsonl" in capsys.readouterr().err
 
 
 @pytest.mark.multiprocess

@@ -35,10 +35,12 @@ node of group rank :data:`SUMMARY_GROUP_RANK` writes the job summary.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import enum
 import json
 import math
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -56,6 +58,7 @@ __all__ = [
     "StragglerWait",
     "Timeline",
     "account",
+    "main",
     "records_of_run",
     "restart_costs",
     "writes_job_summary",
@@ -758,3 +761,37 @@ class Ledger:
     def timeline(self) -> Timeline:
         """This node's timeline, to publish to the node that writes the job summary."""
         return Timeline.from_records(self._records)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m nvrx.launcher.goodput JOURNAL``: the job summary of a journal file."""
+    parser = argparse.ArgumentParser(
+        prog="python -m nvrx.launcher.goodput",
+        description="Goodput and ETTR of a job from its ft_launcher journal.",
+    )
+    parser.add_argument("journal", help="the --ft-journal file (JSON lines)")
+    parser.add_argument("--run-id", help="only the launchers of this run (a shared file)")
+    parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+    args = parser.parse_args(argv)
+    try:
+        with open(args.journal, encoding="utf-8", errors="replace") as f:
+            text = f.read()
+    except OSError as exc:
+        parser.error(f"journal {args.journal!r}: {exc.strerror}")
+    records: list[Mapping[str, Any]] = []
+    for line in text.splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue  # a line cut short by a crash
+        if isinstance(record, dict):
+            records.append(record)
+    if args.run_id is not None:
+        records = records_of_run(records, args.run_id)
+    summary = account(records)
+    sys.stdout.write((summary.dumps() if args.json else summary.format()) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
