@@ -578,6 +578,7 @@ ADDED_NAMES: tuple[Name, ...] = tuple(
         ("nvrx.ft.parse_timeouts_state", "checks an FT state (state_dict() shape)"),
         ("nvrx.ft.read_timeouts_state_file", "reads and checks an FT state file"),
         ("nvrx.ft.monitor_beat_age", "how long ago a rank monitor last showed it is alive"),
+        ("nvrx.ft.StackSummary", "where a hung rank's training thread was when dumped"),
         ("nvrx.straggler.SustainedSlowdown", "a rank slow over several reports"),
         ("nvrx.straggler.SustainedSlowdownRule", "when a slowdown counts as sustained"),
         ("nvrx.straggler.StragglerDetector", "an instance-based detector behind Detector"),
