@@ -11,7 +11,8 @@ The rules (all times are Unix times from the journal):
 
 - the job runs from the first ``run_start`` to the last ``finished`` record (or ``now``);
 - a cycle trains from its first step (the ``first_step`` record, the latest over nodes)
-  until its fault, or until ``all_nodes_finished``; without ``first_step`` records the
+  until its fault, or until its last step (``last_step``, else ``all_nodes_finished``:
+  then the ranks' teardown counts as training); without ``first_step`` records the
   rank start-up counts as training and :attr:`Goodput.unknown` says so;
 - a fault happened at its earliest sign over every node: a hung rank at ``t -
   observed_s`` of its monitor's report (its last heartbeat or section start), a crash
@@ -175,6 +176,8 @@ class CycleTimes:
     cycle: int
     started: float | None = None
     first_step: float | None = None
+    #: The end of training in a cycle that finished (before the ranks' teardown).
+    last_step: float | None = None
     fault: float | None = None
     cause: Cause | None = None
     #: The cause the decision gives (its ``trigger``), used when no record shows the fault.
@@ -198,6 +201,7 @@ class CycleTimes:
             cycle=self.cycle,
             started=_hi(self.started, other.started),
             first_step=_hi(self.first_step, other.first_step),
+            last_step=_hi(self.last_step, other.last_step),
             fault=fault,
             cause=cause,
             trigger=min((self.trigger, other.trigger), key=_cause_key),
@@ -408,6 +412,8 @@ def _node_timeline(node: str, records: Sequence[Mapping[str, Any]]) -> Timeline:
                 group_rank = r["group_rank"]
         elif kind == "first_step":
             update(cycle, first_step=_num(r, "first_step", t))
+        elif kind == "last_step":
+            update(cycle, last_step=_num(r, "last_step", t))
         elif kind == "decision":
             noticed = _num(r, "failure_noticed", t)
             cause = _TRIGGERS.get(str(r.get("trigger")))
@@ -667,7 +673,8 @@ def account(
             )
             pending = None
         if not ended_by_fault:
-            span(end if c.ended is None else c.ended, Phase.PRODUCTIVE)
+            until = c.ended if c.last_step is None or c.ended is None else c.last_step
+            span(end if until is None else until, Phase.PRODUCTIVE)
             span(end, Phase.EXIT)
             break
         train_begin = cursor
