@@ -90,7 +90,7 @@ def test_a_run_with_a_restart_and_a_stop_matches_the_schemas(
 def test_a_failed_restart_ends_its_cycle_record(tmp_path: pathlib.Path) -> None:
     journal, cycles = JsonLines(tmp_path / "j", node="n"), JsonLines(tmp_path / "c", node="n")
     recorder = Recorder(journal, cycles)
-    recorder.record(DecisionTaken(4, "restart", "why", "m", True, 5, 2, None, 10.0))
+    recorder.record(DecisionTaken(4, "restart", "why", "m", True, 5, 2, None, 10.0, "failure"))
     recorder.record(WorkersStopped(4, 11.0))
     recorder.record(RestartFailed(4, "RendezvousTimeoutError"))
     [record] = _lines(tmp_path / "c")

@@ -6,7 +6,7 @@ import pytest
 
 from nvrx.launcher.coordination import Action, JobState, StopCause
 from nvrx.launcher.exit_codes import ExitCode
-from nvrx.launcher.policy import Progress, RestartPolicy, Trigger, decide
+from nvrx.launcher.policy import Progress, RestartPolicy, Trigger, decide, trigger_of
 
 BUDGET = RestartPolicy(
     max_restarts=2, workers_stop_timeout=5, max_no_progress_restarts=0, min_progress_iterations=1
@@ -124,3 +124,10 @@ def test_without_a_progress_file_the_rule_is_off() -> None:
     for _ in range(5):
         state = decide(state, Trigger.FAILURE, policy=policy, node="n", reason="r").state
     assert state == JobState(5, 5, 0)
+
+
+@pytest.mark.parametrize("trigger", list(Trigger))
+@pytest.mark.parametrize("state", [JobState(), JobState(3, 2, 0)])
+def test_the_trigger_can_be_read_back_from_any_decision(trigger: Trigger, state: JobState) -> None:
+    d = decide(state, trigger, policy=BUDGET, node="n", reason="r")
+    assert trigger_of(d) is trigger

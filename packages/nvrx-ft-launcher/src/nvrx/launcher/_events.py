@@ -130,6 +130,9 @@ class DecisionTaken(Event):
     exit_code: int | None
     #: When this node noticed the cycle's end (Unix time).
     failure_noticed: float
+    #: What ended the cycle: ``failure``, ``exclude_request``, ``shutdown_request`` or
+    #: ``nodes_waiting`` (:class:`~nvrx.launcher.policy.Trigger`).
+    trigger: str
 
 
 @dataclasses.dataclass(frozen=True)

@@ -63,7 +63,7 @@ from .coordination import Decision, JobCoordinator, JobState
 from .exit_codes import ExitCode
 from .journal import JsonLines
 from .monitors import MonitorSupervisor
-from .policy import Progress, RestartPolicy, Trigger, decide
+from .policy import Progress, RestartPolicy, Trigger, decide, trigger_of
 from .progress import check_progress_file, read_progress
 from .rendezvous import renew_worker_store
 from .spares import SparePool, spare_handlers
@@ -590,6 +590,7 @@ class FtAgent(LocalElasticAgent):
                 restarts_charged=decision.state.charged,
                 exit_code=None if action == "restart" else exit_code,
                 failure_noticed=noticed,
+                trigger=trigger_of(decision).value,
             )
         )
         t0 = time.time()

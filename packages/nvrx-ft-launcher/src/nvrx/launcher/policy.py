@@ -26,7 +26,7 @@ import enum
 from .coordination import Action, Decision, JobState, StopCause
 from .progress import made_progress
 
-__all__ = ["Progress", "RestartPolicy", "Trigger", "decide"]
+__all__ = ["Progress", "RestartPolicy", "Trigger", "decide", "trigger_of"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,6 +65,20 @@ class Progress:
 
     before: int | None = None
     after: int | None = None
+
+
+def trigger_of(decision: Decision) -> Trigger:
+    """What ended the cycle, read back from a decision (whichever node made it).
+
+    :func:`decide` gives each trigger its own kind of decision, so this inverts it.
+    """
+    if decision.action is Action.SHUTDOWN:
+        return Trigger.SHUTDOWN_REQUEST
+    if decision.action is Action.STOP or decision.charged:
+        return Trigger.FAILURE
+    if decision.excluded_node is not None:
+        return Trigger.EXCLUDE_REQUEST
+    return Trigger.NODES_WAITING
 
 
 def decide(
