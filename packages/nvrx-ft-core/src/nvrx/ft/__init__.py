@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from nvrx.ft.liveness import beat_age as monitor_beat_age
     from nvrx.ft.runtime import create_runtime_dir
     from nvrx.ft.server import RANK_MONITOR_INIT_TIMEOUT, MonitorProcess, RankMonitorServer
+    from nvrx.ft.stacks import StackSummary
     from nvrx.ft.state import (
         FtStateError,
         LoadedTimeouts,
@@ -65,6 +66,7 @@ _WHERE = {
     "RANK_MONITOR_INIT_TIMEOUT": "server",
     "MonitorProcess": "server",
     "RankMonitorServer": "server",
+    "StackSummary": "stacks",
     "FtStateError": "state",
     "LoadedTimeouts": "state",
     "parse_timeouts_state": "state",
@@ -95,6 +97,7 @@ __all__ = [
     "RankMonitorServer",
     "SectionAction",
     "SectionTimeouts",
+    "StackSummary",
     "TimeoutsCalc",
     "TimeoutsCalcError",
     "WorkloadAction",

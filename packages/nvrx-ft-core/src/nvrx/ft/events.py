@@ -15,6 +15,8 @@ import os
 import socket
 from typing import Any
 
+from nvrx.ft.stacks import StackSummary
+
 __all__ = [
     "EVENT_CAUSES",
     "EVENT_KINDS",
@@ -43,6 +45,8 @@ _ACTIONS = frozenset({"Continue", "ExcludeThisNode", "ShutdownWorkload"})
 #: Largest event datagram. A monitor refuses (does not acknowledge) a request whose
 #: event would be larger; the launcher reads datagrams of up to this size.
 MAX_EVENT_BYTES = 16 * 1024
+_NUMBERS = ("observed_s", "limit_s", "last_activity_s", "last_activity_wall", "last_heartbeat_s")
+_MAX_OPEN_SECTIONS = 64
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,6 +65,17 @@ class MonitorEvent:
     message: str | None = None
     action: str | None = None
     description: str | None = None
+    # Hang evidence (rank_terminated, additive within v1; absent from older monitors):
+    #: seconds from the rank's last heartbeat or section open/close to the detection.
+    last_activity_s: float | None = None
+    #: the same moment as a wall-clock time (seconds since the epoch), comparable across nodes.
+    last_activity_wall: float | None = None
+    #: seconds from the rank's last heartbeat to the detection (None: it never sent one).
+    last_heartbeat_s: float | None = None
+    #: the sections open at detection.
+    open_sections: tuple[str, ...] | None = None
+    #: where the rank's training thread was, from its stack dump (None: no dump read).
+    stack: StackSummary | None = None
 
     def to_bytes(self) -> bytes:
         """The datagram for this event (``None`` fields left out)."""
@@ -100,11 +115,11 @@ def parse_monitor_event(data: bytes) -> MonitorEvent:
         )
     allowed = {"v", "event", "local_rank", "rank", "pid"}
     if kind == "rank_terminated":
-        allowed |= {"cause", "section", "observed_s", "limit_s", "message"}
+        allowed |= {"cause", "section", "message", *_NUMBERS, "open_sections", "stack"}
         _require(body.get("cause") in EVENT_CAUSES, f"unknown cause {body.get('cause')!r}")
         _require(isinstance(body.get("message"), str), "message is not a string")
         _require(body.get("section") is None or isinstance(body["section"], str), "bad section")
-        for key in ("observed_s", "limit_s"):
+        for key in _NUMBERS:
             value = body.get(key)
             _require(
                 value is None
@@ -115,6 +130,16 @@ def parse_monitor_event(data: bytes) -> MonitorEvent:
                 ),
                 f"{key}={value!r} is not a number",
             )
+        sections = body.get("open_sections")
+        _require(
+            sections is None
+            or (
+                isinstance(sections, list)
+                and len(sections) <= _MAX_OPEN_SECTIONS
+                and all(isinstance(s, str) for s in sections)
+            ),
+            f"open_sections={sections!r} is not a list of names",
+        )
     elif kind == "workload_control":
         allowed |= {"action", "description"}
         _require(body.get("action") in _ACTIONS, f"unknown action {body.get('action')!r}")
@@ -122,9 +147,16 @@ def parse_monitor_event(data: bytes) -> MonitorEvent:
     extra = sorted(set(body) - allowed)
     _require(not extra, f"unexpected fields {extra} for {kind}")
     fields: dict[str, Any] = dict(body)
-    for key in ("observed_s", "limit_s"):
+    for key in _NUMBERS:
         if fields.get(key) is not None:
             fields[key] = float(fields[key])
+    if fields.get("open_sections") is not None:
+        fields["open_sections"] = tuple(fields["open_sections"])
+    if fields.get("stack") is not None:
+        try:
+            fields["stack"] = StackSummary.from_json(fields["stack"])
+        except ValueError as exc:
+            raise ValueError(f"bad monitor event: {exc}") from None
     return MonitorEvent(**fields)
 
 

@@ -43,7 +43,8 @@ from nvrx.ft.protocol import (
     validate_request,
 )
 from nvrx.ft.runtime import check_private_dir
-from nvrx.ft.shm import SLOT_LAYOUT, SharedBlock
+from nvrx.ft.shm import SLOT_LAYOUT, RankSnapshot, SharedBlock
+from nvrx.ft.stacks import dump_offset, read_appended, summarize_dump
 from nvrx.ft.termination import RankProcess, Terminator
 
 __all__ = ["RANK_MONITOR_INIT_TIMEOUT", "MonitorProcess", "RankMonitorServer"]
@@ -113,6 +114,23 @@ class _Watched:
     sections: tuple[str, ...]
     timeouts: ActiveTimeouts
     stack_dump: bool
+
+
+def _hang_evidence(event: MonitorEvent, snap: RankSnapshot, init_ns: int) -> MonitorEvent:
+    """The event with the rank's last activity: heartbeat, section open or close."""
+    now_ns, now_wall = time.monotonic_ns(), time.time()
+    opened = [t for _, t in snap.open_sections]
+    last = max([snap.last_hb_ns, snap.oos_since_ns, *opened, init_ns])
+    age_s = max(now_ns - last, 0) / _NS
+    return dataclasses.replace(
+        event,
+        last_activity_s=round(age_s, 6),
+        last_activity_wall=round(now_wall - age_s, 6),
+        last_heartbeat_s=(
+            round(max(now_ns - snap.last_hb_ns, 0) / _NS, 6) if snap.last_hb_ns else None
+        ),
+        open_sections=tuple(name for name, _ in snap.open_sections),
+    )
 
 
 def _peer_credentials(sock: socket.socket) -> tuple[int, int]:
@@ -344,7 +362,7 @@ class RankMonitorServer:
         self.logger.error(
             "terminating rank %d (pid %d): %s", watched.rank, watched.proc.pid, message
         )
-        self._events.send(
+        event = _hang_evidence(
             MonitorEvent(
                 event="rank_terminated",
                 local_rank=self.local_rank,
@@ -355,14 +373,30 @@ class RankMonitorServer:
                 observed_s=None if detail else round(violation.observed_s, 6),
                 limit_s=None if detail else round(violation.limit_s, 6),
                 message=message,
-            )
+            ),
+            watched.block.snapshot(watched.sections),
+            watched.init_ns,
         )
+        dump_signal = self.cfg.stack_dump_signal if watched.stack_dump else None
+        offset = None if dump_signal is None else dump_offset(watched.proc.pid)
+        after_dump = None
+        if offset is None:
+            self._events.send(event)
+        else:
+            # The event waits for the dump (at most STACK_DUMP_PAUSE_S) to carry its summary.
+            pid = watched.proc.pid
+
+            def after_dump() -> None:
+                stack = summarize_dump(read_appended(pid, offset))
+                self._events.send(dataclasses.replace(event, stack=stack))
+
         term = Terminator(
             watched.proc,
             term_signal=self.cfg.rank_termination_signal,
             grace_period_s=self.cfg.rank_termination_grace_period,
-            dump_signal=self.cfg.stack_dump_signal if watched.stack_dump else None,
+            dump_signal=dump_signal,
             logger=self.logger,
+            after_dump=after_dump,
         )
         self._terminations.append(term)
         self._sel.unregister(watched.proc.pidfd)

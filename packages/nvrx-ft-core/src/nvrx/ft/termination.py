@@ -14,6 +14,7 @@ import logging
 import os
 import select
 import signal
+from collections.abc import Callable
 
 __all__ = ["STACK_DUMP_PAUSE_S", "RankProcess", "Terminator"]
 
@@ -73,8 +74,10 @@ class Terminator:
         grace_period_s: float,
         dump_signal: signal.Signals | None,
         logger: logging.Logger,
+        after_dump: Callable[[], None] | None = None,
     ) -> None:
         self.proc = proc
+        self._after_dump = after_dump
         self._term_signal = term_signal
         self._grace_ns = int(grace_period_s * _NS)
         self._dump_signal = dump_signal
@@ -92,9 +95,16 @@ class Terminator:
         self._logger.info("sending %s to %s", sig.name, self.target)
         self.proc.signal(sig, group=self._group)
 
+    def _dumped(self) -> None:
+        """Run ``after_dump`` once: after the dump pause, before the termination signal."""
+        callback, self._after_dump = self._after_dump, None
+        if callback is not None:
+            callback()
+
     def advance(self, now_ns: int) -> int | None:
         """Take the steps now due; return when to call again, or None when finished."""
         if self.proc.has_exited():
+            self._dumped()
             if self._step:
                 self._logger.info("rank pid %d has exited", self.proc.pid)
             return None
@@ -108,6 +118,7 @@ class Terminator:
                 self._due = now_ns + int(STACK_DUMP_PAUSE_S * _NS)
                 return self._due
         if self._step == 1:
+            self._dumped()
             self._send(self._term_signal)
             self._step = 2
             if self._term_signal is not signal.SIGKILL:

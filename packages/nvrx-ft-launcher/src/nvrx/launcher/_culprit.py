@@ -1,0 +1,227 @@
+"""Name the rank that hung, not the ranks that wait for it: a pure function over evidence.
+
+When one rank hangs, its peers block in the next collective within milliseconds, stop
+heartbeating and are terminated by their monitors too. Each monitor's
+``rank_terminated`` event carries the rank's last activity time and, when the monitor
+could read the rank's stack dump, where its training thread was
+(:class:`nvrx.ft.StackSummary`). Two rules read that evidence:
+
+- stack: every rank has a stack, exactly one is outside a collective and the others
+  are blocked inside one;
+- timing: one rank's last activity (heartbeat, section open or close; wall clock, so
+  ranks of other nodes compare) is earlier than every other rank's by ``min_margin_s``.
+
+A rule names a rank only when the other rule does not contradict it (the two name
+different ranks, the stack rule's rank went stale last by the margin, or the timing
+rule's rank is in a collective while another is not). Everything else is "undecided":
+never a guess.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from nvrx.ft import MonitorEvent, StackSummary
+
+__all__ = ["DEFAULT_MIN_MARGIN_S", "Basis", "CulpritFinding", "RankEvidence", "find_culprit"]
+
+#: How much earlier the culprit's last activity must be than every other rank's.
+DEFAULT_MIN_MARGIN_S = 2.0
+_HANG_CAUSES = frozenset(
+    {"initial_heartbeat_timeout", "heartbeat_timeout", "section_timeout", "out_of_section_timeout"}
+)
+
+
+class Basis(enum.Enum):
+    """Which rule named the culprit."""
+
+    STACK = "stack"
+    TIMING = "timing"
+
+
+@dataclasses.dataclass(frozen=True)
+class RankEvidence:
+    """What one rank's monitor knew when it terminated the rank for a hang."""
+
+    rank: int
+    cause: str
+    last_activity_wall: float | None = None
+    last_heartbeat_s: float | None = None
+    last_activity_s: float | None = None
+    stack: StackSummary | None = None
+
+    @classmethod
+    def from_event(cls, event: MonitorEvent) -> RankEvidence | None:
+        """The evidence in a ``rank_terminated`` hang event; None for other events."""
+        if event.event != "rank_terminated" or event.cause not in _HANG_CAUSES:
+            return None
+        return cls(
+            rank=event.rank,
+            cause=event.cause,
+            last_activity_wall=event.last_activity_wall,
+            last_heartbeat_s=event.last_heartbeat_s,
+            last_activity_s=event.last_activity_s,
+            stack=event.stack,
+        )
+
+    def describe(self) -> str:
+        """'last heartbeat 8.0 s ago, stack in train.py:53' (what is known of it)."""
+        parts = []
+        if self.last_heartbeat_s is not None:
+            parts.append(f"last heartbeat {self.last_heartbeat_s:.1f} s ago")
+        elif self.last_activity_s is not None:
+            parts.append(f"no heartbeat, last activity {self.last_activity_s:.1f} s ago")
+        parts.append("no stack" if self.stack is None else self.stack.describe())
+        return ", ".join(parts)
+
+
+@dataclasses.dataclass(frozen=True)
+class CulpritFinding:
+    """The likely culprit and its victims, or why the evidence does not decide."""
+
+    culprit: int | None
+    victims: tuple[int, ...]
+    basis: tuple[Basis, ...]
+    reason: str
+    sentence: str
+
+    @property
+    def decided(self) -> bool:
+        """True when a culprit is named."""
+        return self.culprit is not None
+
+    def to_json(self) -> dict[str, Any]:
+        """The journal form."""
+        return {
+            "culprit": self.culprit,
+            "victims": list(self.victims),
+            "basis": [b.value for b in self.basis],
+            "reason": self.reason,
+            "sentence": self.sentence,
+        }
+
+
+def _ranks(ranks: Iterable[int]) -> str:
+    items = sorted(ranks)
+    return ("rank " if len(items) == 1 else "ranks ") + ", ".join(map(str, items))
+
+
+def _grouped(evidence: Iterable[RankEvidence]) -> str:
+    """'ranks 0, 2: blocked in all_reduce; rank 3: no stack' (same phrase, one group)."""
+    groups: dict[str, list[int]] = {}
+    for ev in evidence:
+        phrase = ev.stack.describe() if ev.stack is not None else ev.describe()
+        groups.setdefault(phrase, []).append(ev.rank)
+    return "; ".join(f"{_ranks(r)}: {p}" for p, r in sorted(groups.items(), key=lambda g: g[1]))
+
+
+def _by_stack(evidence: Sequence[RankEvidence]) -> int | None:
+    if any(ev.stack is None for ev in evidence):
+        return None
+    outside = [ev.rank for ev in evidence if ev.stack is not None and not ev.stack.in_collective]
+    return outside[0] if len(outside) == 1 and len(evidence) > 1 else None
+
+
+def _by_timing(evidence: Sequence[RankEvidence], margin: float) -> int | None:
+    times = [(ev.last_activity_wall, ev.rank) for ev in evidence]
+    known = sorted((t, r) for t, r in times if t is not None)
+    if len(known) != len(evidence) or len(known) < 2:
+        return None
+    (first, rank), (second, _) = known[0], known[1]
+    return rank if second - first >= margin else None
+
+
+def _stale_last_by_margin(evidence: Sequence[RankEvidence], rank: int, margin: float) -> bool:
+    mine = next(ev.last_activity_wall for ev in evidence if ev.rank == rank)
+    others = [ev.last_activity_wall for ev in evidence if ev.rank != rank]
+    if mine is None or any(t is None for t in others):
+        return False
+    return any(mine - t >= margin for t in others if t is not None)
+
+
+def _in_collective_while_another_is_not(evidence: Sequence[RankEvidence], rank: int) -> bool:
+    stacks = {ev.rank: ev.stack for ev in evidence}
+    mine = stacks[rank]
+    return bool(
+        mine is not None
+        and mine.in_collective
+        and any(s is not None and not s.in_collective for r, s in stacks.items() if r != rank)
+    )
+
+
+def find_culprit(
+    evidence: Iterable[RankEvidence],
+    *,
+    world_size: int | None = None,
+    min_margin_s: float = DEFAULT_MIN_MARGIN_S,
+) -> CulpritFinding:
+    """Decide the culprit of one cycle's hang from every terminated rank's evidence.
+
+    ``world_size`` (when known) makes a rank without evidence a reason to stay
+    undecided: it may be the one that hung. The first evidence of a rank counts.
+    """
+    seen: dict[int, RankEvidence] = {}
+    for ev in evidence:
+        seen.setdefault(ev.rank, ev)
+    items = sorted(seen.values(), key=lambda ev: ev.rank)
+
+    def undecided(reason: str) -> CulpritFinding:
+        detail = _grouped(items) if items else "no hang evidence"
+        return CulpritFinding(None, (), (), reason, f"culprit undecided ({reason}): {detail}")
+
+    if not items:
+        return undecided("no rank was terminated for a hang")
+    if world_size is not None:
+        missing = sorted(set(range(world_size)) - set(seen))
+        if missing:
+            return undecided(f"no evidence from {_ranks(missing)}")
+    if len(items) == 1:
+        if world_size == 1:
+            only = items[0]
+            return CulpritFinding(
+                only.rank, (), (), "the only rank", f"rank {only.rank}: {only.describe()}"
+            )
+        return undecided("evidence from one rank only")
+    by_stack = _by_stack(items)
+    by_timing = _by_timing(items, min_margin_s)
+    if by_stack is not None and by_timing is not None and by_stack != by_timing:
+        return undecided(
+            f"the stacks point at rank {by_stack}, the heartbeat times at rank {by_timing}"
+        )
+    if by_stack is not None and _stale_last_by_margin(items, by_stack, min_margin_s):
+        return undecided(f"rank {by_stack} is outside a collective but went stale last")
+    if by_timing is not None and _in_collective_while_another_is_not(items, by_timing):
+        return undecided(f"rank {by_timing} went stale first but is blocked in a collective")
+    culprit = by_stack if by_stack is not None else by_timing
+    if culprit is None:
+        stacks = [ev.stack for ev in items]
+        if all(s is not None and s.in_collective for s in stacks):
+            why = "every rank is blocked in a collective"
+        elif all(s is not None for s in stacks):
+            outside = [ev.rank for ev in items if ev.stack and not ev.stack.in_collective]
+            why = f"{_ranks(outside)} are outside a collective"
+        else:
+            why = "no clear heartbeat margin and not every rank's stack is known"
+        return undecided(why)
+    basis = tuple(
+        b for b, r in ((Basis.STACK, by_stack), (Basis.TIMING, by_timing)) if r == culprit
+    )
+    main = seen[culprit]
+    victims = [ev for ev in items if ev.rank != culprit]
+    sentence = f"rank {culprit}: {main.describe()}; {_grouped(victims)}"
+    return CulpritFinding(
+        culprit,
+        tuple(ev.rank for ev in victims),
+        basis,
+        " and ".join(
+            {
+                Basis.STACK: "its stack is outside a collective while the others wait in one",
+                Basis.TIMING: f"it went stale first by at least {min_margin_s:.1f} s",
+            }[b]
+            for b in basis
+        ),
+        sentence,
+    )

@@ -1,0 +1,191 @@
+"""A real hang: 4 gloo ranks under their monitors, one hangs in user code, the rest wait.
+
+Each rank runs under its own real monitor (nvrx.ft); the monitors' real
+``rank_terminated`` events are the evidence find_culprit reads. It must name the hung
+rank or stay undecided, never name a victim. benchmarks/bench_culprit.py repeats
+:func:`run_hang` with a random hung rank.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from nvrx.ft import (
+    MONITOR_SOCKET_ENV,
+    FaultToleranceConfig,
+    MonitorProcess,
+    RankMonitorServer,
+    create_runtime_dir,
+    parse_monitor_event,
+)
+from nvrx.launcher._culprit import CulpritFinding, RankEvidence, find_culprit
+
+WORLD = 4
+HUNG_AT_STEP = 15
+HEARTBEAT_TIMEOUT_S = 4.0
+_DEADLINE_S = 90.0
+_TRAIN = """\
+import os, sys, time
+import torch
+import torch.distributed as dist
+from nvrx.ft import RankMonitorClient
+
+hung = int(sys.argv[1])
+rank = int(os.environ["RANK"])
+client = RankMonitorClient()
+client.init_workload_monitoring()
+dist.init_process_group("gloo")
+print("ready", flush=True)
+for step in range(1_000_000):
+    client.send_heartbeat()
+    if rank == hung and step == {hung_at}:
+        print("hanging", flush=True)
+        while True:
+            time.sleep(0.5)  # the hang: user code, outside any collective
+    dist.all_reduce(torch.ones(4))
+    time.sleep(0.02)
+"""
+#: The line of ``time.sleep(0.5)`` in the training script.
+HANG_LINE = 1 + next(i for i, text in enumerate(_TRAIN.splitlines()) if "time.sleep(0.5)" in text)
+
+
+@dataclasses.dataclass(frozen=True)
+class HangRun:
+    """One run: the hung rank, the evidence the monitors sent, the finding."""
+
+    hung_rank: int
+    evidence: tuple[RankEvidence, ...]
+    finding: CulpritFinding
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _config() -> FaultToleranceConfig:
+    return FaultToleranceConfig.from_kwargs(
+        ignore_not_recognized=False,
+        initial_rank_heartbeat_timeout=120.0,
+        rank_heartbeat_timeout=HEARTBEAT_TIMEOUT_S,
+        rank_termination_grace_period=2.0,
+        enable_gpu_monitor=False,
+    )
+
+
+def run_hang(hung_rank: int, workdir: pathlib.Path) -> HangRun:
+    """Start WORLD ranks under monitors, let ``hung_rank`` hang, collect every rank's evidence."""
+    script = workdir / "train.py"
+    script.write_text(_TRAIN.replace("{hung_at}", str(HUNG_AT_STEP)))
+    runtime = create_runtime_dir()
+    events = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    events.bind(str(runtime / "events.sock"))
+    monitors: list[MonitorProcess] = []
+    ranks: list[subprocess.Popen[bytes]] = []
+    port = _free_port()
+    try:
+        for local in range(WORLD):
+            with (workdir / f"monitor-{local}.log").open("wb") as log:
+                monitors.append(
+                    RankMonitorServer.start_in_subprocess(
+                        _config(),
+                        runtime / f"monitor-{local}.sock",
+                        local_rank=local,
+                        events_socket=runtime / "events.sock",
+                        stderr=log.fileno(),
+                    )
+                )
+        for m in monitors:
+            m.wait_ready(timeout=_DEADLINE_S)
+        for rank in range(WORLD):
+            env = {
+                **os.environ,
+                MONITOR_SOCKET_ENV: str(runtime / f"monitor-{rank}.sock"),
+                "RANK": str(rank),
+                "LOCAL_RANK": str(rank),
+                "WORLD_SIZE": str(WORLD),
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port),
+                "GLOO_SOCKET_IFNAME": "lo",
+            }
+            with (workdir / f"rank-{rank}.log").open("wb") as log:
+                ranks.append(
+                    subprocess.Popen(
+                        [sys.executable, str(script), str(hung_rank)],
+                        env=env,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                    )
+                )
+        evidence: dict[int, RankEvidence] = {}
+        deadline = time.monotonic() + _DEADLINE_S
+        events.settimeout(1.0)
+        while time.monotonic() < deadline and len(evidence) < WORLD:
+            if all(r.poll() is not None for r in ranks) and evidence:
+                events.settimeout(0.5)  # every rank is gone: read what is left, then stop
+                deadline = min(deadline, time.monotonic() + 2.0)
+            try:
+                data = events.recv(1 << 16)
+            except TimeoutError:
+                continue
+            found = RankEvidence.from_event(parse_monitor_event(data))
+            if found is not None:
+                evidence.setdefault(found.rank, found)
+        ordered = tuple(evidence[r] for r in sorted(evidence))
+        return HangRun(hung_rank, ordered, find_culprit(ordered, world_size=WORLD))
+    finally:
+        for r in ranks:
+            if r.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(r.pid, signal.SIGKILL)
+            r.wait(timeout=10)
+        for m in monitors:
+            m.stop(timeout=5.0)
+        events.close()
+        for child in runtime.iterdir():
+            child.unlink()
+        runtime.rmdir()
+
+
+@pytest.mark.timeout(180)
+def test_hung_rank_is_named_and_victims_wait_in_all_reduce(tmp_path: pathlib.Path) -> None:
+    run = run_hang(2, tmp_path)
+    finding = run.finding
+    logs = "\n".join(
+        f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}"
+        for p in sorted(tmp_path.glob("*.log"))
+    )
+    assert finding.culprit in (2, None), logs  # never a victim
+    by_rank = {ev.rank: ev for ev in run.evidence}
+    assert set(by_rank) == set(range(WORLD)), logs
+    hung = by_rank[2]
+    assert hung.stack is not None, logs
+    assert (hung.stack.collective, hung.stack.location) == (None, f"train.py:{HANG_LINE}")
+    assert hung.last_heartbeat_s is not None
+    assert hung.last_heartbeat_s >= HEARTBEAT_TIMEOUT_S
+    victims_in_all_reduce = [
+        ev.rank
+        for ev in run.evidence
+        if ev.stack is not None and ev.stack.collective == "all_reduce"
+    ]
+    if finding.culprit is None:  # only when a victim was not seen inside all_reduce
+        assert victims_in_all_reduce != [0, 1, 3], finding
+    else:
+        assert victims_in_all_reduce == [0, 1, 3], logs
+        assert finding.victims == (0, 1, 3)
+        assert finding.sentence.startswith("rank 2: last heartbeat "), finding.sentence
+        assert f"stack in train.py:{HANG_LINE}; ranks 0, 1, 3: blocked in all_reduce" in (
+            finding.sentence
+        )
