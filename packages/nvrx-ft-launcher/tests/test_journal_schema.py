@@ -67,8 +67,9 @@ def test_a_run_with_a_restart_and_a_stop_matches_the_schemas(
         [
             *("--nproc-per-node", "2", "--max-restarts", "1"),
             *(f"--ft-journal={journal_path}", f"--ft-cycle-log={cycle_path}"),
+            "--ft-progress-file={out}/progress",
         ],
-        ["--steps", "6", "--fault", "raise:1:3:*"],
+        ["--steps", "6", "--fault", "raise:1:3:*", "--step-time", "0.6"],
     )
     assert launcher.wait() == ExitCode.RESTARTS_EXHAUSTED, launcher.log()
     journal, cycle = _validator("journal"), _validator("cycle")
@@ -77,6 +78,10 @@ def test_a_run_with_a_restart_and_a_stop_matches_the_schemas(
         journal.validate(record)
     kinds = {r["event"] for r in records}
     assert {"run_start", "workers_started", "rank_failed", "decision", "restart"} <= kinds
+    # Rank 0 checkpoints steps 1 and 2 before rank 1 fails at step 3 (0.6 s per step).
+    progress = [(r["cycle"], r["value"]) for r in records if r["event"] == "progress"]
+    assert progress, records
+    assert all(isinstance(r["saved"], float) for r in records if r["event"] == "progress")
     assert records[-1]["event"] == "finished"
     cycles = _lines(cycle_path)
     for record in cycles:

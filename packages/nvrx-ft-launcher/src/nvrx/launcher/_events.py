@@ -104,6 +104,17 @@ class RankFailed(Event):
 
 
 @dataclasses.dataclass(frozen=True)
+class ProgressMoved(Event):
+    """The value in --ft-progress-file changed (read at most once a second)."""
+
+    EVENT: ClassVar[str] = "progress"
+    cycle: int
+    value: int
+    #: The file's modification time (Unix time): when the training saved that state.
+    saved: float | None
+
+
+@dataclasses.dataclass(frozen=True)
 class StoreValueIgnored(Event):
     """A value in the rendezvous store was malformed or not signed with the job key."""
 

@@ -46,6 +46,7 @@ from ._events import (
     AllNodesFinished,
     DecisionTaken,
     MonitorDied,
+    ProgressMoved,
     RankFailed,
     RankTerminatedByMonitor,
     Recorder,
@@ -73,6 +74,7 @@ __all__ = ["FtAgent", "LauncherExit", "RestartPolicy"]
 logger = logging.getLogger("nvrx.launcher")
 
 _WAITING_CHECK_PERIOD_S = 1.0
+_PROGRESS_CHECK_PERIOD_S = 1.0
 # Warm spares start once every rank of the cycle connected to its monitor (its own
 # start-up is over, so they do not compete with it), or after this long regardless.
 _SPARES_AFTER_S = 10.0
@@ -189,6 +191,8 @@ class FtAgent(LocalElasticAgent):
         self._rendezvous_closed = False
         self._stopping = False
         self._next_waiting_check = 0.0
+        self._next_progress_check = 0.0
+        self._last_progress: int | None = None
         self._wake: socket.socket | None = None
         self._spares = spares
 
@@ -420,6 +424,7 @@ class FtAgent(LocalElasticAgent):
                     exclude = exclude or event
 
         self._maybe_start_spares(wg.spec.local_world_size)
+        self._journal_progress()
         for local_rank, code in sorted(self._monitors.dead().items()):
             served = local_rank in self._cycle.connected
             logger.error(
@@ -484,6 +489,23 @@ class FtAgent(LocalElasticAgent):
             self._cycle.spares_started = True
             started = self._spares.fill()
             logger.debug("warm spares started for local ranks %s", started)
+
+    def _journal_progress(self) -> None:
+        """Journal the progress marker when it moved (a file read at most once a second)."""
+        path = self._policy.progress_file
+        now = time.monotonic()
+        if path is None or now < self._next_progress_check:
+            return
+        self._next_progress_check = now + _PROGRESS_CHECK_PERIOD_S
+        value = read_progress(path)
+        if value is None or value == self._last_progress:
+            return
+        self._last_progress = value
+        try:
+            saved: float | None = os.stat(path).st_mtime
+        except OSError:
+            saved = None
+        self._recorder.record(ProgressMoved(cycle=self._cycle.number, value=value, saved=saved))
 
     def _nodes_waiting(self) -> int:
         # Reads the whole rendezvous state from the store: once a second is plenty for
