@@ -125,7 +125,13 @@ BAD_CONFIGS = {
         "fault_tolerance:\n  rank_heartbeat_timeout: -3\n",
         r"rank_heartbeat_timeout: invalid value -3",
     ),
-    "unknown-field": ("fault_tolerance:\n  rank_heartbeat_timout: 3\n", r"rank_heartbeat_timout"),
+    # A misspelt field is a warning with a suggestion since NVRx compatibility (issue 12,
+    # item 4); YAML aliases are refused (issue 13, item 10).
+    "alias": (
+        "base: &t 3\nfault_tolerance:\n  rank_heartbeat_timeout: *t\n",
+        r"bad\.yaml: .*[Aa]lias",
+    ),
+    "self-alias": ("fault_tolerance: &a\n  x: *a\n", r"bad\.yaml: .*[Aa]lias"),
 }
 
 
