@@ -7,6 +7,8 @@ import pytest
 from nvrx.ft import MonitorEvent, StackSummary
 from nvrx.launcher._culprit import Basis, RankEvidence, find_culprit
 
+pytestmark = pytest.mark.timeout(30)
+
 T0 = 1_700_000_000.0
 USER = StackSummary(None, "train.py:53", "step")
 ALL_REDUCE = StackSummary("all_reduce", "train.py:40", "step")

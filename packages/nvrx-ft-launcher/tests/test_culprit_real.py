@@ -28,6 +28,7 @@ from nvrx.ft import (
     create_runtime_dir,
     parse_monitor_event,
 )
+from nvrx.ft.events import MAX_EVENT_BYTES
 from nvrx.launcher._culprit import CulpritFinding, RankEvidence, find_culprit
 
 WORLD = 4
@@ -137,7 +138,7 @@ def run_hang(hung_rank: int, workdir: pathlib.Path) -> HangRun:
                 events.settimeout(0.5)  # every rank is gone: read what is left, then stop
                 deadline = min(deadline, time.monotonic() + 2.0)
             try:
-                data = events.recv(1 << 16)
+                data = events.recv(MAX_EVENT_BYTES)
             except TimeoutError:
                 continue
             found = RankEvidence.from_event(parse_monitor_event(data))
@@ -159,6 +160,8 @@ def run_hang(hung_rank: int, workdir: pathlib.Path) -> HangRun:
         runtime.rmdir()
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_hung_rank_is_named_and_victims_wait_in_all_reduce(tmp_path: pathlib.Path) -> None:
     run = run_hang(2, tmp_path)
