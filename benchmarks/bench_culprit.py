@@ -7,6 +7,9 @@ rank_terminated events go to find_culprit. Reports right / undecided / wrong cou
 (the target: wrong == 0) and the time each run took.
 
     .venv-dev/bin/python benchmarks/bench_culprit.py [--runs 20] [--seed S] [--json]
+
+Measured on the shared 2-core dev box, ``--runs 20 --seed 18`` (hung ranks 0/1/2/3:
+2/8/5/5 times): right 20, undecided 0, wrong 0; 9.6-15.2 s per run.
 """
 
 from __future__ import annotations
