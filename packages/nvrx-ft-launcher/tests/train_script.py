@@ -7,7 +7,8 @@ a JSON line to ``<out>/events.jsonl``. Rank 0 checkpoints the step after every s
 
 A fault is injected with ``--fault KIND:RANK:STEP[:CYCLE]``: on global rank RANK at
 step STEP, in restart cycle CYCLE (default 0; ``*`` means every cycle), do KIND:
-``sigkill``, ``raise``, ``exit`` (code 3), ``hang`` (SIGSTOP itself), ``exclude`` or
+``sigkill``, ``raise``, ``exit`` (code 3), ``hang`` (SIGSTOP itself), ``sleep`` (hang in
+user code, outside any collective, where a stack dump still works), ``exclude`` or
 ``shutdown`` (workload control requests, then keep training), ``bad_error_file`` (write
 garbage to the error file torch names, then exit 1).
 
@@ -129,6 +130,10 @@ def main() -> int:
         elif kind == "hang":
             _log(out, event="fault", kind=kind, rank=rank, cycle=cycle, step=step)
             os.kill(os.getpid(), signal.SIGSTOP)
+        elif kind == "sleep":
+            _log(out, event="fault", kind=kind, rank=rank, cycle=cycle, step=step)
+            while True:
+                time.sleep(0.5)
         elif kind in ("exclude", "shutdown"):
             _log(out, event="fault", kind=kind, rank=rank, cycle=cycle, step=step)
             action = (

@@ -59,6 +59,25 @@ class RankTerminatedByMonitor(Event):
     observed_s: float | None
     limit_s: float | None
     message: str | None
+    # The monitor's evidence for a hang (absent from older monitors' events).
+    last_activity_s: float | None = None
+    last_activity_wall: float | None = None
+    last_heartbeat_s: float | None = None
+    open_sections: list[str] | None = None
+    stack: dict[str, Any] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class HangAttributed(Event):
+    """Which rank of a hang is the likely culprit and which waited on it (or undecided)."""
+
+    EVENT: ClassVar[str] = "hang_attributed"
+    cycle: int
+    culprit: int | None
+    victims: list[int]
+    basis: list[str]
+    reason: str
+    sentence: str
 
 
 @dataclasses.dataclass(frozen=True)

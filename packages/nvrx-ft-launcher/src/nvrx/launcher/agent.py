@@ -40,11 +40,14 @@ from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
 
 from nvrx.ft import MonitorEvent
+from nvrx.ft.termination import STACK_DUMP_PAUSE_S
 
 from . import _torch_compat as compat
+from ._culprit import CulpritFinding, RankEvidence, find_culprit
 from ._events import (
     AllNodesFinished,
     DecisionTaken,
+    HangAttributed,
     MonitorDied,
     ProgressMoved,
     RankFailed,
@@ -78,6 +81,9 @@ _PROGRESS_CHECK_PERIOD_S = 1.0
 # Warm spares start once every rank of the cycle connected to its monitor (its own
 # start-up is over, so they do not compete with it), or after this long regardless.
 _SPARES_AFTER_S = 10.0
+# After a hang's first report, how long to wait for the other local ranks' reports (each
+# follows its stack dump pause), so the culprit is told from its victims.
+_HANG_EVIDENCE_WAIT_S = STACK_DUMP_PAUSE_S + 1.0
 
 
 class LauncherExit(Exception):
@@ -367,62 +373,7 @@ class FtAgent(LocalElasticAgent):
         noticed = time.time()
         wg = self._worker_group
         causes: list[str] = []
-        shutdown: MonitorEvent | None = None
-        exclude: MonitorEvent | None = None
-        for event in self._monitors.drain_events():
-            if event.event == "rank_connected":
-                self._cycle.connected.add(event.local_rank)
-                logger.debug("rank %d (local %d) connected", event.rank, event.local_rank)
-            elif event.event == "rank_disconnected":
-                self._cycle.connected.discard(event.local_rank)
-            elif event.event == "rank_terminated":
-                self._cycle.terminated[event.local_rank] = event
-                if self._cycle.first_report is None:
-                    self._cycle.first_report = noticed
-                self._recorder.record(
-                    RankTerminatedByMonitor(
-                        cycle=self._cycle.number,
-                        rank=event.rank,
-                        local_rank=event.local_rank,
-                        pid=event.pid,
-                        cause=event.cause,
-                        section=event.section,
-                        observed_s=event.observed_s,
-                        limit_s=event.limit_s,
-                        message=event.message,
-                    )
-                )
-                logger.warning(
-                    "monitor of local rank %d is terminating rank %d (pid %d): %s",
-                    event.local_rank,
-                    event.rank,
-                    event.pid,
-                    event.message,
-                )
-            elif event.event == "workload_control":
-                logger.warning(
-                    "rank %d (local rank %d, pid %d) requests %s: %s",
-                    event.rank,
-                    event.local_rank,
-                    event.pid,
-                    event.action,
-                    event.description,
-                )
-                self._recorder.record(
-                    WorkloadControl(
-                        cycle=self._cycle.number,
-                        rank=event.rank,
-                        local_rank=event.local_rank,
-                        pid=event.pid,
-                        action=event.action,
-                        description=event.description,
-                    )
-                )
-                if event.action == "ShutdownWorkload":
-                    shutdown = shutdown or event
-                elif event.action == "ExcludeThisNode":
-                    exclude = exclude or event
-
+        shutdown, exclude = self._handle_events(self._monitors.drain_events(), noticed)
         self._maybe_start_spares(wg.spec.local_world_size)
         self._journal_progress()
         for local_rank, code in sorted(self._monitors.dead().items()):
@@ -467,6 +418,11 @@ class FtAgent(LocalElasticAgent):
 
         result = self._monitor_workers(wg)
         if result.state == WorkerState.FAILED:
+            if self._await_hang_evidence():
+                result = self._monitor_workers(wg)
+            finding = self._attribute_hang()
+            if finding is not None:
+                causes.insert(0, "hang: " + finding.sentence)
             causes.extend(self._describe_failures(result))
             self._journal_failures(result)
         if causes:
@@ -480,6 +436,114 @@ class FtAgent(LocalElasticAgent):
             decision = coord.decide(cycle, self._decider(Trigger.NODES_WAITING, reason))
             return self._apply(decision, noticed)
         return None
+
+    def _handle_events(
+        self, events: list[MonitorEvent], noticed: float
+    ) -> tuple[MonitorEvent | None, MonitorEvent | None]:
+        """Act on the monitors' events; returns the first shutdown and exclude requests."""
+        shutdown: MonitorEvent | None = None
+        exclude: MonitorEvent | None = None
+        for event in events:
+            if event.event == "rank_connected":
+                self._cycle.connected.add(event.local_rank)
+                logger.debug("rank %d (local %d) connected", event.rank, event.local_rank)
+            elif event.event == "rank_disconnected":
+                self._cycle.connected.discard(event.local_rank)
+            elif event.event == "rank_terminated":
+                self._cycle.terminated[event.local_rank] = event
+                if self._cycle.first_report is None:
+                    self._cycle.first_report = noticed
+                self._recorder.record(
+                    RankTerminatedByMonitor(
+                        cycle=self._cycle.number,
+                        rank=event.rank,
+                        local_rank=event.local_rank,
+                        pid=event.pid,
+                        cause=event.cause,
+                        section=event.section,
+                        observed_s=event.observed_s,
+                        limit_s=event.limit_s,
+                        message=event.message,
+                        last_activity_s=event.last_activity_s,
+                        last_activity_wall=event.last_activity_wall,
+                        last_heartbeat_s=event.last_heartbeat_s,
+                        open_sections=(
+                            None if event.open_sections is None else list(event.open_sections)
+                        ),
+                        stack=None if event.stack is None else event.stack.to_json(),
+                    )
+                )
+                logger.warning(
+                    "monitor of local rank %d is terminating rank %d (pid %d): %s",
+                    event.local_rank,
+                    event.rank,
+                    event.pid,
+                    event.message,
+                )
+            elif event.event == "workload_control":
+                logger.warning(
+                    "rank %d (local rank %d, pid %d) requests %s: %s",
+                    event.rank,
+                    event.local_rank,
+                    event.pid,
+                    event.action,
+                    event.description,
+                )
+                self._recorder.record(
+                    WorkloadControl(
+                        cycle=self._cycle.number,
+                        rank=event.rank,
+                        local_rank=event.local_rank,
+                        pid=event.pid,
+                        action=event.action,
+                        description=event.description,
+                    )
+                )
+                if event.action == "ShutdownWorkload":
+                    shutdown = shutdown or event
+                elif event.action == "ExcludeThisNode":
+                    exclude = exclude or event
+
+        return shutdown, exclude
+
+    def _hang_evidence(self) -> list[RankEvidence]:
+        found = map(RankEvidence.from_event, self._cycle.terminated.values())
+        return [e for e in found if e is not None]
+
+    def _await_hang_evidence(self) -> bool:
+        """After a hang's first report, wait briefly for the other local ranks' reports.
+
+        The culprit exits on its monitor's signal right after its report, while each
+        victim's report follows its own stack dump pause; deciding on the culprit's alone
+        would leave the victims unseen. Returns whether it waited.
+        """
+        if not self._hang_evidence() or self._cycle.first_report is None:
+            return False
+        pc = compat.worker_processes(self)
+        handlers = {} if pc is None else pc.subprocess_handlers
+        deadline = self._cycle.first_report + _HANG_EVIDENCE_WAIT_S
+        while True:
+            exited = {r for r, h in handlers.items() if h.proc.poll() is not None}
+            if all(r in self._cycle.terminated or r in exited for r in handlers):
+                return True
+            left = deadline - time.time()
+            if left <= 0:
+                return True
+            self._wait(min(left, 0.05))
+            self._handle_events(self._monitors.drain_events(), time.time())
+
+    def _attribute_hang(self) -> CulpritFinding | None:
+        """Name the hung rank of this cycle (or say why not); journaled and logged once."""
+        evidence = self._hang_evidence()
+        if not evidence:
+            return None
+        wg = self._worker_group
+        world = wg.workers[0].world_size if wg.workers else None
+        single_node = world is not None and wg.spec.local_world_size == world
+        finding = find_culprit(evidence, world_size=world if single_node else None)
+        logger.warning("hang in cycle %d: %s", self._cycle.number, finding.sentence)
+        self._recorder.record(HangAttributed(cycle=self._cycle.number, **finding.to_json()))
+        return finding
 
     def _maybe_start_spares(self, local_world_size: int) -> None:
         if self._spares is None or self._cycle.spares_started:
