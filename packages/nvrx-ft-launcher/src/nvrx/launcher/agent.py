@@ -43,6 +43,7 @@ from nvrx.ft import MonitorEvent
 from nvrx.ft.termination import STACK_DUMP_PAUSE_S
 
 from . import _torch_compat as compat
+from . import goodput
 from ._culprit import CulpritFinding, RankEvidence, find_culprit
 from ._events import (
     AllNodesFinished,
@@ -66,6 +67,7 @@ from ._torch_compat import Store
 from .coordination import Decision, JobCoordinator, JobState
 from .exit_codes import ExitCode
 from .journal import JsonLines
+from .metrics import NULL_RECORDER, NullRecorder
 from .monitors import MonitorSupervisor
 from .policy import Progress, RestartPolicy, Trigger, decide, trigger_of
 from .progress import check_progress_file, read_progress
@@ -81,6 +83,7 @@ _PROGRESS_CHECK_PERIOD_S = 1.0
 # Warm spares start once every rank of the cycle connected to its monitor (its own
 # start-up is over, so they do not compete with it), or after this long regardless.
 _SPARES_AFTER_S = 10.0
+_GOODPUT_GAUGE_PERIOD_S = 5.0
 # After a hang's first report, how long to wait for the other local ranks' reports (each
 # follows its stack dump pause), so the culprit is told from its victims.
 _HANG_EVIDENCE_WAIT_S = STACK_DUMP_PAUSE_S + 1.0
@@ -168,6 +171,7 @@ class FtAgent(LocalElasticAgent):
         start_method: str = "spawn",
         log_line_prefix_template: str | None = None,
         spares: SparePool | None = None,
+        metrics: NullRecorder = NULL_RECORDER,
     ) -> None:
         super().__init__(
             spec,
@@ -191,6 +195,12 @@ class FtAgent(LocalElasticAgent):
         self._node = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         journal.node = cycle_log.node = self._node
         self._recorder = Recorder(journal, cycle_log)
+        self._journal = journal
+        self._metrics = metrics
+        self._ledger = goodput.Ledger()
+        self._next_goodput_gauge = 0.0
+        # Every journal record (launch.py's too) feeds the goodput ledger.
+        journal.on_record = self._account
         self._coord: JobCoordinator | None = None
         self._state = JobState()
         self._cycle = _Cycle(number=0, started=time.time(), progress=None)
@@ -201,6 +211,46 @@ class FtAgent(LocalElasticAgent):
         self._last_progress: int | None = None
         self._wake: socket.socket | None = None
         self._spares = spares
+
+    # -- goodput -------------------------------------------------------------------
+
+    def _account(self, record: dict[str, Any]) -> None:
+        """Feed a journal record to the ledger; journal and log each restart cost it completes."""
+        for cost in self._ledger.feed(record):
+            self._journal.write(cost.to_record())
+            logger.info("%s", cost.format())
+            self._metrics.restart(cost.cause, cost.detection_s, cost.recovery_s)
+            self._update_goodput_gauges(force=True)
+
+    def _update_goodput_gauges(self, *, force: bool = False) -> None:
+        """The metrics' goodput gauges, at most every 5 s unless ``force``."""
+        if self._metrics is NULL_RECORDER:
+            return
+        now = time.monotonic()
+        if not force and now < self._next_goodput_gauge:
+            return
+        self._next_goodput_gauge = now + _GOODPUT_GAUGE_PERIOD_S
+        try:
+            self._metrics.goodput(self._ledger.summary(now=time.time()))
+        except Exception as exc:  # accounting never stops training
+            logger.debug("goodput gauges: %r", exc)
+
+    def _journal_goodput(self) -> None:
+        """At the job's end: the goodput summary in the log (INFO) and the journal.
+
+        One node holding the whole job writes ``job_goodput``; in a multi-node job each
+        node writes its own view as ``node_goodput`` (the job's account comes from the
+        nodes' journals: ``python -m nvrx.launcher.goodput``).
+        """
+        try:
+            summary = self._ledger.summary(now=time.time())
+            single = (self._worker_group.group_world_size or 1) <= 1
+            event = "job_goodput" if single else "node_goodput"
+            logger.info("%s%s", "" if single else "this node's ", summary.format())
+            self._journal.write({"event": event, "summary": summary.to_json()})
+            self._metrics.goodput(summary)
+        except Exception as exc:  # accounting never changes the job's outcome
+            logger.warning("no goodput summary: %r", exc)
 
     # -- what the launcher asks after the run ------------------------------------
 
@@ -376,6 +426,7 @@ class FtAgent(LocalElasticAgent):
         shutdown, exclude = self._handle_events(self._monitors.drain_events(), noticed)
         self._maybe_start_spares(wg.spec.local_world_size)
         self._journal_progress()
+        self._update_goodput_gauges()
         for local_rank, code in sorted(self._monitors.dead().items()):
             served = local_rank in self._cycle.connected
             logger.error(
@@ -688,6 +739,7 @@ class FtAgent(LocalElasticAgent):
             if excluded:
                 self._leave_rendezvous()
             else:
+                self._journal_goodput()
                 self._close_rendezvous()
             raise LauncherExit(exit_code, decision.reason)
 
@@ -767,6 +819,7 @@ class FtAgent(LocalElasticAgent):
             self._wait(self._worker_group.spec.monitor_interval)
             self._monitors.drain_events()
         self._recorder.record(AllNodesFinished(cycle=cycle))
+        self._journal_goodput()
         self._close_rendezvous()
         coord.leave(cycle, world)
         logger.debug("left the job")

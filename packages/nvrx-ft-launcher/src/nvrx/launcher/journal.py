@@ -17,6 +17,7 @@ import logging
 import os
 import pathlib
 import time
+from collections.abc import Callable
 from typing import Any
 
 __all__ = ["SCHEMA_VERSION", "JsonLines", "schema_path"]
@@ -41,7 +42,11 @@ class JsonLines:
     def __init__(self, path: str | os.PathLike[str] | None, node: str | None = None) -> None:
         self._path = None if path is None else os.fspath(path)
         self.node = node
+        #: Called with each finished record (also when ``path`` is None), e.g. by the
+        #: agent's goodput ledger; what it raises is logged once and otherwise ignored.
+        self.on_record: Callable[[dict[str, Any]], None] | None = None
         self._warned = False
+        self._observer_warned = False
 
     @property
     def path(self) -> str | None:
@@ -50,12 +55,19 @@ class JsonLines:
 
     def write(self, record: dict[str, Any]) -> None:
         """Append ``record`` (plus ``schema_version``, ``t`` and ``node``); errors logged once."""
-        if self._path is None:
-            return
         record.setdefault("schema_version", SCHEMA_VERSION)
         record.setdefault("t", time.time())
         if self.node is not None:
             record.setdefault("node", self.node)
+        if self.on_record is not None:
+            try:
+                self.on_record(record)
+            except Exception as exc:  # accounting never stops the launcher
+                if not self._observer_warned:
+                    self._observer_warned = True
+                    logger.warning("journal observer failed: %r (further errors not logged)", exc)
+        if self._path is None:
+            return
         line = (json.dumps(record, sort_keys=True, default=str) + "\n").encode("utf-8")
         try:
             parent = os.path.dirname(self._path)

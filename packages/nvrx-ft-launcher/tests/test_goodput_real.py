@@ -1,0 +1,62 @@
+"""A real ft_launcher job with one crash: the agent journals the restart's cost and the
+job's goodput summary (ETTR in [0, 1], phases adding up to the wall time)."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+from collections.abc import Callable
+
+import jsonschema  # type: ignore[import-untyped]
+import pytest
+from launcher_testkit import Launcher  # type: ignore[import-not-found]
+
+from nvrx.launcher import ExitCode
+from nvrx.launcher.journal import schema_path
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
+
+Start = Callable[..., Launcher]
+
+
+@pytest.mark.timeout(150)
+def test_a_crash_is_costed_and_the_job_summarised(
+    start_launcher: Start, tmp_path: pathlib.Path
+) -> None:
+    journal = tmp_path / "journal.jsonl"
+    launcher = start_launcher(
+        ["--nproc-per-node", "2", "--max-restarts", "1", "--ft-journal", str(journal)],
+        ["--steps", "6", "--fault", "raise:1:3"],
+    )
+    assert launcher.wait() == ExitCode.SUCCESS, launcher.log()
+    records = [json.loads(line) for line in journal.read_text().splitlines()]
+    validator = jsonschema.Draft202012Validator(json.loads(schema_path("journal").read_text()))
+    for record in records:
+        validator.validate(record)
+
+    costs = [r for r in records if r["event"] == "restart_cost"]
+    assert len(costs) == 1, costs
+    cost = costs[0]
+    assert (cost["from_cycle"], cost["cycle"], cost["cause"]) == (0, 1, "crash"), cost
+    parts = ("detection_s", "stop_s", "rendezvous_s", "spawn_s")
+    assert all(cost[p] >= 0 for p in parts), cost
+    restart = next(r for r in records if r["event"] == "restart")
+    assert cost["stop_s"] == pytest.approx(restart["stop_s"], abs=0.05), (cost, restart)
+
+    summaries = [r for r in records if r["event"] == "job_goodput"]
+    assert len(summaries) == 1, summaries
+    summary = summaries[0]["summary"]
+    assert 0.0 <= summary["ettr"] <= 1.0, summary
+    assert summary["ettr"] > 0.0, summary
+    assert sum(summary["seconds"].values()) == pytest.approx(summary["total_s"], abs=1e-6)
+    assert summary["by_cause"]["crash"] > 0, summary
+    assert len(summary["restarts"]) == 1
+    # The job summary comes before launch.py's last record, and its span is the run's.
+    finished = records[-1]
+    assert finished["event"] == "finished", finished
+    run_start = next(r for r in records if r["event"] == "run_start")
+    assert summary["start"] <= run_start["t"] + 1.0
+    assert summary["end"] <= finished["t"]
+    log = launcher.log()
+    assert "goodput: ETTR " in log, log
+    assert "restart 0->1 (crash) cost " in log, log
