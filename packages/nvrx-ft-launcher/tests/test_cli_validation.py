@@ -48,6 +48,10 @@ from nvrx.launcher.cli import main
         (["--ft-rank-termination-grace-period", "inf"], "inf"),
         (["--ft-cfg-path", "/no/such/ft.yaml"], "/no/such/ft.yaml"),
         (["--run-path"], "--run-path"),
+        (["--ft-metrics-port", "65536"], "65536"),
+        (["--ft-metrics-port", "-1"], "-1"),
+        (["--ft-metrics-port", "any"], "any"),
+        (["--ft-metrics-port", "0", "--ft-metrics-addr", "bad addr"], "bad addr"),
     ],
 )
 def test_bad_values_exit_2_naming_option_and_value(

@@ -219,8 +219,27 @@ class FtAgent(LocalElasticAgent):
         for cost in self._ledger.feed(record):
             self._journal.write(cost.to_record())
             logger.info("%s", cost.format())
-            self._metrics.restart(cost.cause, cost.detection_s, cost.recovery_s)
             self._update_goodput_gauges(force=True)
+
+    def _count_restart(self, from_cycle: int) -> None:
+        """The restart metrics, as soon as the new cycle's ranks started.
+
+        The journal's cost line waits for the new cycle's first step; the counter does
+        not (its recovery latency then ends at the ranks' start).
+        """
+        if self._metrics is NULL_RECORDER:
+            return
+        try:
+            costs = self._ledger.summary(now=time.time()).restarts
+            cost = next((c for c in costs if c.from_cycle == from_cycle), None)
+        except Exception as exc:  # accounting never stops training
+            logger.debug("restart metrics: %r", exc)
+            cost = None
+        if cost is None:
+            self._metrics.restart(goodput.Cause.UNKNOWN, None, None)
+        else:
+            self._metrics.restart(cost.cause, cost.detection_s, cost.recovery_s)
+        self._update_goodput_gauges(force=True)
 
     def _update_goodput_gauges(self, *, force: bool = False) -> None:
         """The metrics' goodput gauges, at most every 5 s unless ``force``."""
@@ -313,6 +332,8 @@ class FtAgent(LocalElasticAgent):
             self._monitors.replace(local_rank)
         self._monitors.wait_ready()
         logger.debug("monitors ready")
+        for local_rank in range(worker_group.spec.local_world_size):
+            self._metrics.monitor_health(local_rank, True)
         self._cycle = _Cycle(
             number=self._state.cycle,
             started=time.time(),
@@ -435,6 +456,7 @@ class FtAgent(LocalElasticAgent):
                 code,
                 " and restarting, since its rank was unwatched" if served else "",
             )
+            self._metrics.monitor_health(local_rank, False)
             self._recorder.record(
                 MonitorDied(
                     cycle=self._cycle.number,
@@ -795,6 +817,7 @@ class FtAgent(LocalElasticAgent):
                 workers_started=started,
             )
         )
+        self._count_restart(cycle)
         return None
 
     def _finish(self, result: RunResult) -> RunResult | None:

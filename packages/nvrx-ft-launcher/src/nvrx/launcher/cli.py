@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import ipaddress
 import logging
 import math
 import os
+import re
 import sys
 import uuid
 from collections.abc import Callable, Sequence
@@ -131,6 +133,22 @@ _POSITIVE_SECONDS = _number(
 _COUNT = _number(int, minimum=0, maximum=10**9, what="an integer >= 0")
 _POSITIVE = _number(int, minimum=1, maximum=10**9, what="an integer >= 1")
 _EXIT_CODE = _number(int, minimum=0, maximum=255, what="an exit code from 0 to 255")
+_PORT = _number(int, minimum=0, maximum=65535, what="a port from 0 to 65535 (0: any free port)")
+
+
+def _bind_address(text: str) -> str:
+    """An argparse type: an IP address or host name to bind the metrics endpoint to."""
+    try:
+        return str(ipaddress.ip_address(text))
+    except ValueError:
+        pass
+    if not re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,252})", text):
+        raise argparse.ArgumentTypeError(
+            f"invalid value {text!r}: expected an IP address or host name"
+        )
+    return text
+
+
 _NO_PROGRESS_COUNT = _number(
     int, minimum=-1, maximum=10**9, what="an integer >= 0 (0 or -1 disables the rule)"
 )
@@ -332,6 +350,25 @@ def _add_restart_options(parser: argparse.ArgumentParser) -> None:
         "decisions, restarts with timings, outcome) to this file (default: "
         "<--log-dir>/ft_launcher_events.jsonl when --log-dir is given)",
     )
+    restart.add_argument(
+        "--ft-metrics-port",
+        "--ft_metrics_port",
+        dest="ft_metrics_port",
+        type=_PORT,
+        default=None,
+        help="serve Prometheus metrics (restarts, latencies, goodput, monitor health) on "
+        "http://<--ft-metrics-addr>:PORT/metrics; 0 picks a free port (logged, and in the "
+        "journal's run_start); needs nvrx-ft-launcher[metrics] (default: off)",
+    )
+    restart.add_argument(
+        "--ft-metrics-addr",
+        "--ft_metrics_addr",
+        dest="ft_metrics_addr",
+        type=_bind_address,
+        default="127.0.0.1",
+        help="the address the metrics endpoint binds to (default 127.0.0.1; 0.0.0.0 lets a "
+        "Prometheus on another host scrape it)",
+    )
 
 
 def add_launcher_options(parser: argparse.ArgumentParser) -> None:
@@ -488,6 +525,8 @@ def _options(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Launc
         progress_file=args.ft_progress_file,
         no_restart_exit_code=args.ft_no_restart_exit_code,
         cycle_log=args.ft_cycle_log,
+        metrics_port=args.ft_metrics_port,
+        metrics_addr=args.ft_metrics_addr,
         journal=args.ft_journal
         or (os.path.join(args.log_dir, "ft_launcher_events.jsonl") if args.log_dir else None),
     )

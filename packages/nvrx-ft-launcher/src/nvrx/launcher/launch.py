@@ -30,6 +30,7 @@ from torch.distributed.launcher.api import LaunchConfig
 
 from nvrx.ft import FaultToleranceConfig
 
+from . import metrics
 from .agent import FtAgent, LauncherExit, RestartPolicy
 from .exec_shim import shim_args
 from .exit_codes import ExitCode, exit_code_for_signal
@@ -61,6 +62,9 @@ class LaunchOptions:
     no_restart_exit_code: int = int(ExitCode.NO_PROGRESS)
     cycle_log: str | None = None
     journal: str | None = None
+    #: The Prometheus endpoint's port (None: off; 0: any free port) and bind address.
+    metrics_port: int | None = None
+    metrics_addr: str = "127.0.0.1"
     warm_spares: bool = False
     warm_spare_preload: tuple[str, ...] = ("torch",)
 
@@ -127,6 +131,20 @@ def _spec(
     )
 
 
+def _metrics_server(options: LaunchOptions) -> metrics.MetricsServer | None:
+    """The metrics endpoint when --ft-metrics-port is given; failing to start is a usage error."""
+    if options.metrics_port is None:
+        return None
+    try:
+        return metrics.start_metrics_server(options.metrics_port, options.metrics_addr)
+    except (RuntimeError, OSError, ValueError) as exc:
+        raise LauncherExit(
+            int(ExitCode.USAGE_ERROR),
+            f"--ft-metrics-port {options.metrics_port} (--ft-metrics-addr "
+            f"{options.metrics_addr}): {exc}",
+        ) from None
+
+
 def _spare_pool(options: LaunchOptions) -> SparePool | None:
     if not options.warm_spares:
         return None
@@ -176,8 +194,10 @@ def launch(options: LaunchOptions, monitors: MonitorSupervisor | None = None) ->
     final_record = True
     handler: RendezvousHandler | None = None
     spares = _spare_pool(options)
+    server: metrics.MetricsServer | None = None
     try:
         handled = _install_signal_handlers(config.signals_to_handle)
+        server = _metrics_server(options)
         if monitors is None:
             monitors = MonitorSupervisor(
                 options.ft_config,
@@ -199,6 +219,7 @@ def launch(options: LaunchOptions, monitors: MonitorSupervisor | None = None) ->
             journal=journal,
             cycle_log=cycle_log,
             spares=spares,
+            metrics=metrics.NULL_RECORDER if server is None else server.recorder,
         )
         journal.write(
             {
@@ -209,6 +230,7 @@ def launch(options: LaunchOptions, monitors: MonitorSupervisor | None = None) ->
                 "nproc_per_node": config.nproc_per_node,
                 "max_restarts": config.max_restarts,
                 "command": options.command,
+                "metrics_url": None if server is None else server.url,
             }
         )
         agent.run()
@@ -246,6 +268,8 @@ def launch(options: LaunchOptions, monitors: MonitorSupervisor | None = None) ->
         if final_record:
             cycle_log.write({"action": "stop", "exit_code": int(code), "reason": reason})
         journal.write({"event": "finished", "exit_code": int(code), "reason": reason})
+        if server is not None:
+            server.close()
         logger.debug("cleaned up")
     return int(code)
 
