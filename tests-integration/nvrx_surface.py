@@ -579,6 +579,8 @@ ADDED_NAMES: tuple[Name, ...] = tuple(
         ("nvrx.ft.read_timeouts_state_file", "reads and checks an FT state file"),
         ("nvrx.ft.monitor_beat_age", "how long ago a rank monitor last showed it is alive"),
         ("nvrx.ft.StackSummary", "where a hung rank's training thread was when dumped"),
+        ("nvrx.ft.write_file_atomically", "state and config files are never half-written"),
+        ("nvrx.ft.log_formatter", "one log line format for launcher, monitors and callbacks"),
         ("nvrx.straggler.SustainedSlowdown", "a rank slow over several reports"),
         ("nvrx.straggler.SustainedSlowdownRule", "when a slowdown counts as sustained"),
         ("nvrx.straggler.StragglerDetector", "an instance-based detector behind Detector"),

@@ -29,8 +29,10 @@ if TYPE_CHECKING:
         WorkloadControlRequest,
     )
     from nvrx.ft.events import MonitorEvent, parse_monitor_event
+    from nvrx.ft.files import write_file_atomically
     from nvrx.ft.health import HealthError
     from nvrx.ft.liveness import beat_age as monitor_beat_age
+    from nvrx.ft.logs import log_formatter
     from nvrx.ft.runtime import create_runtime_dir
     from nvrx.ft.server import RANK_MONITOR_INIT_TIMEOUT, MonitorProcess, RankMonitorServer
     from nvrx.ft.stacks import StackSummary
@@ -60,6 +62,8 @@ _WHERE = {
     "WorkloadControlRequest": "data",
     "MonitorEvent": "events",
     "parse_monitor_event": "events",
+    "write_file_atomically": "files",
+    "log_formatter": "logs",
     "HealthError": "health",
     "create_runtime_dir": "runtime",
     "monitor_beat_age": "liveness",
@@ -106,10 +110,12 @@ __all__ = [
     "add_config_arguments",
     "add_ft_arguments",
     "create_runtime_dir",
+    "log_formatter",
     "monitor_beat_age",
     "parse_monitor_event",
     "parse_timeouts_state",
     "read_timeouts_state_file",
+    "write_file_atomically",
 ]
 
 

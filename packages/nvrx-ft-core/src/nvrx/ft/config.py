@@ -18,12 +18,12 @@ import math
 import os
 import pathlib
 import signal
-import tempfile
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from nvrx.ft.data import MAX_DURATION_S
+from nvrx.ft.files import write_file_atomically
 
 __all__ = [
     "CLI_NONE",
@@ -722,14 +722,7 @@ class FaultToleranceConfig:
             if f.metadata["nvrx"].without_effect is not None and values[f.name] == _default(f):
                 del values[f.name]
         text = yaml.safe_dump({"fault_tolerance": values}, sort_keys=False)
-        fd, tmp = tempfile.mkstemp(dir=path.parent or ".", prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as stream:
-                stream.write(text)
-            os.replace(tmp, path)
-        except BaseException:
-            pathlib.Path(tmp).unlink(missing_ok=True)
-            raise
+        write_file_atomically(path, text)
 
 
 class NoFtSectionError(ValueError):

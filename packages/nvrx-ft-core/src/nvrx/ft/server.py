@@ -34,6 +34,7 @@ from nvrx.ft.detection import ActiveTimeouts, Violation, find_violation, next_de
 from nvrx.ft.events import EventSender, MonitorEvent
 from nvrx.ft.health import HealthChecks, HealthError
 from nvrx.ft.liveness import BeatWriter, beat_age, beat_path
+from nvrx.ft.logs import log_formatter
 from nvrx.ft.protocol import (
     MAX_MESSAGE_BYTES,
     FrameReader,
@@ -83,10 +84,7 @@ def _make_logger(server: RankMonitorServer, level: int) -> logging.Logger:
     if not logger.handlers:
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(
-            logging.Formatter(
-                "[%(asctime)s] [%(levelname)s] [RankMonitor%(process)d:local_rank %(local_rank)s"
-                ":rank %(ftrank)s] %(message)s"
-            )
+            log_formatter("RankMonitor %(process)d local_rank %(local_rank)s rank %(ftrank)s")
         )
         logger.addHandler(handler)
     logger.addFilter(_RankFilter(server))

@@ -12,7 +12,7 @@ The content is ``RankMonitorClient.state_dict()`` as JSON, the shape NVRx writes
 read through :func:`nvrx.ft.read_timeouts_state_file`, which validates everything
 (NVRx's shapes, finite timeouts in (0, 30 days], types, size, nesting) and raises
 :class:`nvrx.ft.FtStateError` saying why; the callback then falls back to the FT
-config's timeouts. A file is written atomically (temporary file, fsync, ``os.replace``).
+config's timeouts. A file is written atomically (:func:`nvrx.ft.write_file_atomically`).
 """
 
 from __future__ import annotations
@@ -20,12 +20,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import tempfile
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any, Literal
 
-from nvrx.ft import FtStateError, read_timeouts_state_file
+from nvrx.ft import FtStateError, read_timeouts_state_file, write_file_atomically
 
 __all__ = [
     "FT_DIR_NAME",
@@ -76,24 +74,5 @@ def load_ft_state(
 
 def save_ft_state(path: str | os.PathLike[str], state: Mapping[str, Any]) -> None:
     """Write a state file atomically; the directory must exist."""
-    file = Path(path)
     payload = json.dumps(state, indent=2, sort_keys=True, allow_nan=False) + "\n"
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{file.name}.", suffix=".tmp", dir=file.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as tmp:
-            tmp.write(payload)
-            tmp.flush()
-            os.fsync(tmp.fileno())
-        os.chmod(tmp_name, 0o644)
-        os.replace(tmp_name, file)
-    except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
-        raise
-    try:  # make the rename durable; some network file systems cannot fsync a directory
-        dir_fd = os.open(file.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
-    except OSError:
-        pass
+    write_file_atomically(path, payload)
