@@ -6,7 +6,9 @@ It trains a small model on CPU (gloo) with FaultToleranceCallback and
 StragglerDetectionCallback. Rank 1 is slow on purpose, is killed in the first attempt
 and hangs in the second; ft_launcher restarts the job in place each time and training
 resumes from its last checkpoint. At the end it prints what happened: restarts with
-their causes and durations, the straggler report, the final loss, and where the logs
+their causes and durations, the hung rank (named before the rank waiting on it), the
+goodput split (ETTR, time by phase, badput by cause), the straggler report, the final
+loss, and where the logs
 and JSON reports are. Exit status 0 means the job finished after both faults.
 """
 
@@ -101,8 +103,36 @@ def describe_restarts(journal: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def describe_hangs(journal: list[dict[str, Any]]) -> list[str]:
+    """One line per hang: the rank that hung first, then the ranks waiting on it."""
+    return [
+        f"cycle {e['cycle']}: {e['sentence']}" for e in journal if e["event"] == "hang_attributed"
+    ]
+
+
+def describe_goodput(journal: list[dict[str, Any]]) -> list[str]:
+    """The job's goodput split (the launcher's job_goodput record), one line per phase."""
+    summaries = [e["summary"] for e in journal if e["event"] == "job_goodput"]
+    if not summaries:
+        return ["goodput: no job_goodput record in the journal"]
+    g = summaries[-1]
+    total = g["total_s"]
+    ettr = "n/a" if g["ettr"] is None else f"{g['ettr']:.1%}"
+    lines = [f"goodput: ETTR {ettr} of {total:.1f} s wall time"]
+    for phase, seconds in g["seconds"].items():
+        if seconds > 0 or phase == "productive":
+            share = seconds / total if total > 0 else 0.0
+            lines.append(f"  {phase:<15} {seconds:8.2f} s {share:6.1%}")
+    for cause, seconds in sorted(g["by_cause"].items(), key=lambda kv: -kv[1]):
+        lines.append(f"  badput from {cause}: {seconds:.2f} s")
+    if g.get("unknown"):
+        lines.append("  not in the records: " + "; ".join(g["unknown"]))
+    return lines
+
+
 def summary(out: pathlib.Path, rc: int, wall: float) -> tuple[str, bool]:
-    restarts = describe_restarts(read_jsonl(out / "journal.jsonl"))
+    journal = read_jsonl(out / "journal.jsonl")
+    restarts = describe_restarts(journal)
     attempts = read_jsonl(out / "attempts.jsonl")
     result_path = out / "result.json"
     result = json.loads(result_path.read_text()) if result_path.exists() else None
@@ -113,6 +143,12 @@ def summary(out: pathlib.Path, rc: int, wall: float) -> tuple[str, bool]:
     lines.append(f"ft_launcher exit code {rc} after {wall:.1f} s")
     lines.append(f"restarts: {len(restarts)}")
     lines += [f"  - {r}" for r in restarts]
+    hangs = describe_hangs(journal)
+    lines.append(
+        "hung rank (named first, then the ranks waiting on it):" if hangs else "hangs: none"
+    )
+    lines += [f"  - {h}" for h in hangs]
+    lines += describe_goodput(journal)
     lines.append("attempts (where each resumed):")
     lines += [f"  - attempt {a['attempt']} started at step {a['start_step']}" for a in attempts]
     if report is None:
