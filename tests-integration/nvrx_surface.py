@@ -958,6 +958,13 @@ FLAGS: tuple[Flag, ...] = (
         "one JSON line per launcher event",
     ),
     Flag(
+        ("--ft-metrics-port", "--ft_metrics_port", "--ft-metrics-addr", "--ft_metrics_addr"),
+        "--ft-metrics-port",
+        Status.ADDED,
+        "",
+        "a Prometheus endpoint (restarts by cause, latencies, goodput), 127.0.0.1 by default",
+    ),
+    Flag(
         ("--warm-spares", "--warm-spare-preload"),
         "--warm-spares",
         Status.ADDED,
