@@ -8,8 +8,8 @@ and hangs in the second; ft_launcher restarts the job in place each time and tra
 resumes from its last checkpoint. At the end it prints what happened: restarts with
 their causes and durations, the hung rank (named before the rank waiting on it), the
 goodput split (ETTR, time by phase, badput by cause), the straggler report, the final
-loss, and where the logs
-and JSON reports are. Exit status 0 means the job finished after both faults.
+loss, and where the logs and JSON reports are. Exit status 0 means the job finished
+after both faults.
 """
 
 from __future__ import annotations
