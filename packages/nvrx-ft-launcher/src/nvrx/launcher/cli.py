@@ -26,7 +26,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import IO, TYPE_CHECKING, Any, NoReturn
 
-from nvrx.ft import MAX_DURATION_S, FaultToleranceConfig, add_ft_arguments
+from nvrx.ft import MAX_DURATION_S, FaultToleranceConfig, add_ft_arguments, log_formatter
 
 from ._nvrx_only import add_nvrx_only_options, warn_without_effect
 from ._validation import (
@@ -557,12 +557,7 @@ def _setup_logging() -> None:
     )
     level = logging.getLevelName(level_name.upper())
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(
-        logging.Formatter(
-            f"[ft_launcher {os.getpid()}] %(asctime)s.%(msecs)03d %(levelname)s: %(message)s",
-            datefmt="%H:%M:%S",
-        )
-    )
+    handler.setFormatter(log_formatter(f"ft_launcher {os.getpid()}"))
     logger.handlers[:] = [handler]
     logger.setLevel(level if isinstance(level, int) else logging.INFO)
     logger.propagate = False
