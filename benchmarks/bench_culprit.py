@@ -27,7 +27,7 @@ sys.path.insert(
     0, str(pathlib.Path(__file__).resolve().parents[1] / "packages/nvrx-ft-launcher/tests")
 )
 
-from test_culprit_real import WORLD, run_hang
+from test_culprit_real import WORLD, run_hang  # type: ignore[import-not-found, unused-ignore]
 
 
 def main() -> int:

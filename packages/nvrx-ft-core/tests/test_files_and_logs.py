@@ -39,7 +39,9 @@ def test_mode_is_applied(tmp_path: pathlib.Path) -> None:
 
 
 def test_the_log_line_format_names_who_when_and_level() -> None:
-    record = logging.LogRecord("nvrx.test", logging.WARNING, __file__, 1, "hello %s", ("you",), None)
+    record = logging.LogRecord(
+        "nvrx.test", logging.WARNING, __file__, 1, "hello %s", ("you",), None
+    )
     record.local_rank = 3
     line = log_formatter("RankMonitor %(process)d local_rank %(local_rank)s").format(record)
     assert re.fullmatch(
