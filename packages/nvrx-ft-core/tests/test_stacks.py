@@ -53,6 +53,35 @@ def test_a_collective_name_outside_torch_distributed_is_user_code() -> None:
     assert summarize_dump(text) == StackSummary(None, "distributed_c10d.py:2501", "all_reduce")
 
 
+_AUTOGRAD = "/venv/lib/python3.11/site-packages/torch/autograd"
+IN_DDP_BACKWARD = f"""\
+Current thread 0x00007f4b5f881b80 (most recent call first):
+  File "{_AUTOGRAD}/graph.py", line 979 in _engine_run_backward
+  File "{_AUTOGRAD}/__init__.py", line 395 in backward
+  File "/venv/lib/python3.11/site-packages/torch/_tensor.py", line 623 in backward
+  File "/job/train.py", line 52 in step
+  File "/job/train.py", line 60 in <module>
+"""
+
+
+def test_waiting_in_the_autograd_engine_counts_as_a_collective() -> None:
+    # DDP's gradient all-reduce runs in C++ under backward(): the rank waiting for its
+    # peers shows the engine innermost (seen in the demo's Lightning DDP hang).
+    got = summarize_dump(IN_DDP_BACKWARD)
+    assert got == StackSummary("backward", "train.py:52", "step")
+    assert StackSummary.from_json(got.to_json()) == got
+
+
+def test_a_users_own_backward_function_is_user_code() -> None:
+    # A custom autograd Function's backward in user code is where that rank is, not a wait.
+    text = IN_DDP_BACKWARD.replace(
+        f'  File "{_AUTOGRAD}/graph.py", line 979 in _engine_run_backward\n',
+        '  File "/job/ops.py", line 9 in backward\n'
+        f'  File "{_AUTOGRAD}/graph.py", line 979 in _engine_run_backward\n',
+    )
+    assert summarize_dump(text) == StackSummary(None, "ops.py:9", "backward")
+
+
 def test_the_last_of_two_dumps_counts() -> None:
     second = IN_ALL_REDUCE.replace("line 2501 in all_reduce", "line 9 in helper").replace(
         f"{_DIST}/distributed_c10d.py", "/job/util.py"

@@ -49,8 +49,14 @@ COLLECTIVES = frozenset(
         "scatter_object_list",
         "send",
         "wait",
+        # DDP's gradient all-reduce runs inside the autograd engine (C++): a rank waiting
+        # for its peers' gradients shows the engine as its innermost Python frame.
+        "backward",
     }
 )
+#: torch.autograd frames that, innermost, mean the rank is waiting in the autograd engine.
+_AUTOGRAD_WAIT = frozenset({"_engine_run_backward", "backward", "grad", "run_backward"})
+_TORCH_AUTOGRAD = re.compile(r"[/\\]torch[/\\]autograd[/\\]")
 #: Most bytes of a dump the monitor reads back (faulthandler prints at most 100 frames
 #: per thread; more than this is other output).
 MAX_DUMP_BYTES = 256 * 1024
@@ -159,6 +165,12 @@ def summarize_dump(text: str) -> StackSummary | None:
     collective = next(
         (f.func for f in frames if f.func in COLLECTIVES and _TORCH_DIST.search(f.file)), None
     )
+    if (
+        collective is None
+        and frames[0].func in _AUTOGRAD_WAIT
+        and _TORCH_AUTOGRAD.search(frames[0].file)
+    ):
+        collective = "backward"
     libs = _library_dirs()
     user = next(
         (f for f in frames if not f.file.startswith(libs) and "site-packages" not in f.file),
