@@ -581,6 +581,7 @@ ADDED_NAMES: tuple[Name, ...] = tuple(
         ("nvrx.ft.StackSummary", "where a hung rank's training thread was when dumped"),
         ("nvrx.ft.write_file_atomically", "state and config files are never half-written"),
         ("nvrx.ft.log_formatter", "one log line format for launcher, monitors and callbacks"),
+        ("nvrx.ft.monitor_socket_from_env", "where a rank finds its monitor (ours, else NVRx's)"),
         ("nvrx.straggler.SustainedSlowdown", "a rank slow over several reports"),
         ("nvrx.straggler.SustainedSlowdownRule", "when a slowdown counts as sustained"),
         ("nvrx.straggler.StragglerDetector", "an instance-based detector behind Detector"),

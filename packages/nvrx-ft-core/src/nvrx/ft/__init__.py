@@ -27,6 +27,7 @@ if TYPE_CHECKING:
         SectionTimeouts,
         WorkloadAction,
         WorkloadControlRequest,
+        monitor_socket_from_env,
     )
     from nvrx.ft.events import MonitorEvent, parse_monitor_event
     from nvrx.ft.files import write_file_atomically
@@ -60,6 +61,7 @@ _WHERE = {
     "SectionTimeouts": "data",
     "WorkloadAction": "data",
     "WorkloadControlRequest": "data",
+    "monitor_socket_from_env": "data",
     "MonitorEvent": "events",
     "parse_monitor_event": "events",
     "write_file_atomically": "files",
@@ -112,6 +114,7 @@ __all__ = [
     "create_runtime_dir",
     "log_formatter",
     "monitor_beat_age",
+    "monitor_socket_from_env",
     "parse_monitor_event",
     "parse_timeouts_state",
     "read_timeouts_state_file",

@@ -29,6 +29,7 @@ from nvrx.ft.data import (
     HeartbeatTimeouts,
     SectionTimeouts,
     WorkloadControlRequest,
+    monitor_socket_from_env,
 )
 from nvrx.ft.detection import STEP_SECTION
 from nvrx.ft.protocol import PROTOCOL_VERSION, ProtocolError, encode_frame, recv_frame
@@ -51,7 +52,6 @@ _NS = 1_000_000_000
 _CONTROL_TIMEOUT_S = 10.0
 _CONNECT_RETRY_S = 5.0
 _PROBE_PERIOD_NS = _NS
-_NVRX_SOCKET_ENV = "FT_RANK_MONITOR_IPC_SOCKET"
 _monotonic_ns = time.monotonic_ns
 
 
@@ -177,7 +177,7 @@ class RankMonitorClient:
                 f"num_warmup_iters={num_warmup_iters!r}: expected an integer >= 0"
             )
         # NVRx's variable name, for code that sets it by hand next to run_in_subprocess.
-        path = os.environ.get(MONITOR_SOCKET_ENV) or os.environ.get(_NVRX_SOCKET_ENV)
+        path = monitor_socket_from_env(os.environ)
         if not path:
             raise RankMonitorClientError(
                 f"${MONITOR_SOCKET_ENV} is not set: run the rank under ft_launcher "
@@ -318,6 +318,8 @@ class RankMonitorClient:
         self._warmup_left = 0
         self._slots = None
         self._section_entries = {}
+        self._unmonitored_seen.clear()
+        self._misuse_logged.clear()
         if self._block is not None:
             self._block.close()
             self._block = None
@@ -426,19 +428,27 @@ class RankMonitorClient:
             raise RankMonitorClientError(f"{what}() before init_workload_monitoring()")
         if not isinstance(section, str):
             raise RankMonitorClientError(f"{what}(): section name {section!r} is not a string")
-        self._misuse(
-            "unmonitored",
-            section,
-            f"has no configured timeout (configured: {sorted(self._section_entries)}); "
-            "it is not monitored",
-        )
+        if self._first_time("unmonitored", section):
+            configured = sorted(self._section_entries)
+            self.logger.warning(
+                "unmonitored: section %r has no configured timeout (configured: %s); "
+                "it is not monitored (logged once)",
+                section,
+                configured,
+            )
         if len(self._unmonitored_seen) < 4096:
             self._unmonitored_seen.add(section)
 
-    def _misuse(self, what: str, section: str, why: str) -> None:
+    def _first_time(self, what: str, section: str) -> bool:
+        """True the first time (up to a bound) this kind of misuse is seen for a name."""
         key = (what, section)
-        if key not in self._misuse_logged and len(self._misuse_logged) < 1024:
-            self._misuse_logged.add(key)
+        if key in self._misuse_logged or len(self._misuse_logged) >= 1024:
+            return False
+        self._misuse_logged.add(key)
+        return True
+
+    def _misuse(self, what: str, section: str, why: str) -> None:
+        if self._first_time(what, section):
             self.logger.warning("%s: section %r %s (logged once)", what, section, why)
 
     def _probe_monitor(self, now_ns: int) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+from collections.abc import Mapping
 
 __all__ = [
     "FT_LAUNCHER_IPC_SOCKET_ENV_VAR",
@@ -15,6 +16,7 @@ __all__ = [
     "SectionTimeouts",
     "WorkloadAction",
     "WorkloadControlRequest",
+    "monitor_socket_from_env",
 ]
 
 #: Environment variable holding the path of this rank's monitor socket (set by the launcher).
@@ -26,6 +28,12 @@ FT_RANK_MONITOR_IPC_SOCKET_ENV_VAR = MONITOR_SOCKET_ENV
 #: through the rank's monitor here, so nvrx never sets or reads it; the name exists
 #: so code that references it keeps importing.
 FT_LAUNCHER_IPC_SOCKET_ENV_VAR = "FT_LAUNCHER_IPC_SOCKET"
+_NVRX_MONITOR_SOCKET_ENV = "FT_RANK_MONITOR_IPC_SOCKET"
+
+
+def monitor_socket_from_env(environ: Mapping[str, str]) -> str | None:
+    """This rank's monitor socket: ours, else NVRx's variable (None when neither is set)."""
+    return environ.get(MONITOR_SOCKET_ENV) or environ.get(_NVRX_MONITOR_SOCKET_ENV) or None
 
 
 @dataclasses.dataclass

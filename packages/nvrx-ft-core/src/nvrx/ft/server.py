@@ -385,7 +385,11 @@ class RankMonitorServer:
             pid = watched.proc.pid
 
             def after_dump() -> None:
-                stack = summarize_dump(read_appended(pid, offset))
+                try:
+                    stack = summarize_dump(read_appended(pid, offset))
+                except Exception:  # the evidence is optional; the event is not
+                    self.logger.exception("could not summarise rank %d's stack dump", pid)
+                    stack = None
                 self._events.send(dataclasses.replace(event, stack=stack))
 
         term = Terminator(

@@ -118,6 +118,7 @@ def _job_key() -> bytes | None:
         raise LauncherExit(int(ExitCode.USAGE_ERROR), str(exc)) from None
     # The ranks and everything they start inherit the environment; they need no key.
     os.environ.pop(KEY_ENV, None)
+    os.environ.pop(KEY_FILE_ENV, None)
     if key is None:
         logger.warning(
             "no job key (%s or %s): job decisions in the rendezvous store are not "

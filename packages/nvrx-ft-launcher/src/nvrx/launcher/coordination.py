@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import enum
+import hashlib
 import json
 import logging
 import time
@@ -264,7 +265,7 @@ class JobCoordinator:
             return None
 
     def _reject(self, name: str, data: bytes, why: str) -> None:
-        seen = (name, data[:_MAX_VALUE_BYTES])
+        seen = (name, hashlib.sha256(data).digest())  # bounded memory, whatever was written
         if seen in self._rejected:
             return
         if len(self._rejected) < 1024:

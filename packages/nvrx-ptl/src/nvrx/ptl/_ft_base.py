@@ -10,7 +10,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from nvrx.ft import MONITOR_SOCKET_ENV, RankMonitorClient, RankMonitorClientError
+from nvrx.ft import (
+    MONITOR_SOCKET_ENV,
+    RankMonitorClient,
+    RankMonitorClientError,
+    monitor_socket_from_env,
+)
 
 from ._compat import Callback, LightningModule, Timer, Trainer
 from .ft_state import FT_DIR_NAME, StatePart, load_ft_state, save_ft_state
@@ -131,7 +136,7 @@ class FtCallbackBase(Callback):
                 "environment variable (the file created when training completes, read by your "
                 "autoresume loop), but it is not set. Set it, or use autoresume=False."
             )
-        if not os.environ.get(MONITOR_SOCKET_ENV):
+        if monitor_socket_from_env(os.environ) is None:
             raise RankMonitorClientError(
                 f"{type(self).__name__} needs a rank monitor, but {MONITOR_SOCKET_ENV} is not "
                 "set: run the training with ft_launcher (a torchrun replacement), or remove the "

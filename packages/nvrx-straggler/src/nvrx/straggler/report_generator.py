@@ -56,6 +56,15 @@ from nvrx.straggler.statistics import Statistic
 __all__ = ["DEFAULT_COMM_KERNEL_PATTERN", "ReportGenerator"]
 
 log = logging.getLogger(__name__)
+_warned: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    """Monitoring never breaks training: a report that cannot be built is logged once."""
+    if message not in _warned and len(_warned) < 64:
+        _warned.add(message)
+        log.warning(message)
+
 
 DEFAULT_COMM_KERNEL_PATTERN = (
     r"(?i)nccl|rccl|all_?reduce|all_?gather|reduce_?scatter|alltoall|all_to_all"
@@ -211,7 +220,11 @@ class ReportGenerator:
             gathered = comm.gather_rows(torch.tensor(row.encode(), dtype=torch.float64))
             if gathered is None:
                 return None
-            rows = GatheredRows(range(self.world_size), gathered.T.contiguous().tolist())
+            try:
+                rows = GatheredRows(range(self.world_size), gathered.T.contiguous().tolist())
+            except ValueError as exc:  # rows of another version or shape: skip this report
+                _warn_once(f"straggler report skipped: ranks sent rows it cannot read ({exc})")
+                return None
         else:
             rows = GatheredRows.from_rows([self.rank], [row.encode()])
         report = self.assemble(rows, sections, kernels, kernel_status)
