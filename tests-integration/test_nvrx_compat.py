@@ -14,7 +14,9 @@ import inspect
 import json
 import math
 import pathlib
+import shutil
 import sys
+import tempfile
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 
@@ -346,8 +348,12 @@ def test_monitor_started_without_ft_launcher(
     cfg = FaultToleranceConfig(rank_section_timeouts={"step": 30.0}, rank_heartbeat_timeout=30.0)
     with pytest.raises(PermissionError, match="mkdir -m 700"):
         RankMonitorServer.run_in_subprocess(cfg, "/tmp/_ft_rmon0.socket")
-    private = tmp_path / "rmon"
-    private.mkdir(mode=0o700)
+    too_long = tmp_path / ("d" * 120)
+    too_long.mkdir(mode=0o700)
+    with pytest.raises(ValueError, match="at most 107"):
+        RankMonitorServer.run_in_subprocess(cfg, str(too_long / "rmon0.socket"))
+    # tmp_path can itself be too long for a socket (CI checkouts): a short private dir.
+    private = pathlib.Path(tempfile.mkdtemp(prefix="nvrx-rmon-", dir="/tmp"))
     socket_path = private / "rmon0.socket"
     proc = RankMonitorServer.run_in_subprocess(
         cfg, str(socket_path), is_restarter_logger=False, mp_ctx=None
@@ -376,5 +382,6 @@ def test_monitor_started_without_ft_launcher(
         if proc.is_alive():
             proc.kill()
             proc.join(10)
+        shutil.rmtree(private, ignore_errors=True)
     assert not proc.is_alive()
     assert proc.exitcode is not None

@@ -14,6 +14,7 @@ import tempfile
 __all__ = [
     "SOCKET_PATH_MAX",
     "check_private_dir",
+    "check_socket_path_length",
     "check_trusted_path",
     "create_runtime_dir",
     "remove_stale_runtime_dirs",
@@ -52,6 +53,20 @@ def check_trusted_path(path: str | os.PathLike[str]) -> pathlib.Path:
                 f"{os.fspath(path)!r}: {os.fspath(part)!r} is writable by others and not sticky"
             )
     return resolved
+
+
+def check_socket_path_length(path: str | os.PathLike[str]) -> None:
+    """ValueError naming ``path`` if Linux cannot bind a Unix socket there.
+
+    The kernel's own error ("AF_UNIX path too long") would only surface inside the
+    monitor process, after start-up; this says which path and how long it may be.
+    """
+    length = len(os.fsencode(os.fspath(path)))
+    if length > SOCKET_PATH_MAX:
+        raise ValueError(
+            f"socket path {os.fspath(path)!r} is {length} bytes; a Unix socket path may be "
+            f"at most {SOCKET_PATH_MAX}: use a shorter directory"
+        )
 
 
 def _usable_base(path: str | None) -> bool:

@@ -43,7 +43,7 @@ from nvrx.ft.protocol import (
     encode_frame,
     validate_request,
 )
-from nvrx.ft.runtime import check_private_dir
+from nvrx.ft.runtime import check_private_dir, check_socket_path_length
 from nvrx.ft.shm import SLOT_LAYOUT, RankSnapshot, SharedBlock
 from nvrx.ft.stacks import dump_offset, read_appended, summarize_dump
 from nvrx.ft.termination import RankProcess, Terminator
@@ -768,12 +768,14 @@ class RankMonitorServer:
         ``is_alive()``, ``terminate()``, ``kill()``, ``join(timeout)``, ``exitcode``).
         ``mp_ctx`` is accepted and not used: the monitor is a fresh interpreter, never
         a fork, whatever the context; ``is_restarter_logger`` (NVRx's layered-restart
-        log) has no counterpart and is accepted. RuntimeError if the monitor dies or is
+        log) has no counterpart and is accepted. ValueError if the socket path is too
+        long for Linux to bind. RuntimeError if the monitor dies or is
         not listening within ``ready_timeout``; it is then killed. To start several
         monitors and overlap their start-up, use :meth:`start_in_subprocess`.
         """
         del is_restarter_logger, mp_ctx
         check_private_dir(pathlib.Path(ipc_socket_path).parent)
+        check_socket_path_length(ipc_socket_path)
         proc = RankMonitorServer.start_in_subprocess(
             cfg,
             ipc_socket_path,
