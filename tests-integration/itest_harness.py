@@ -235,7 +235,7 @@ class LauncherRun:
         for proc in marked_processes(self.marker):
             with contextlib.suppress(psutil.Error):
                 cmd = proc.cmdline()
-                if "nvrx.ft.monitor_main" in cmd and cmd[cmd.index("--local-rank") + 1] == str(
+                if "nvrx.ft._monitor_main" in cmd and cmd[cmd.index("--local-rank") + 1] == str(
                     local_rank
                 ):
                     return proc.pid

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from nvrx.ft.detection import ActiveTimeouts, find_violation, next_deadline_ns
-from nvrx.ft.shm import RankSnapshot
+from nvrx.ft._detection import ActiveTimeouts, find_violation, next_deadline_ns
+from nvrx.ft._shm import RankSnapshot
 
 S = 1_000_000_000
 INIT = 1000 * S

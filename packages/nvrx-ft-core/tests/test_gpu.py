@@ -16,7 +16,7 @@ pytestmark = [
 
 
 def test_nvml_health_check_is_active_and_healthy() -> None:
-    from nvrx.ft.health import GpuHealthCheck
+    from nvrx.ft._health import GpuHealthCheck
 
     check = GpuHealthCheck(local_rank=0, logger=logging.getLogger("test"))
     try:

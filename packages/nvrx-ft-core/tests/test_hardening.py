@@ -33,14 +33,14 @@ from nvrx.ft import (
     create_runtime_dir,
     monitor_beat_age,
 )
-from nvrx.ft.protocol import (
+from nvrx.ft._protocol import (
     MAX_DESCRIPTION_BYTES,
     MAX_MESSAGE_BYTES,
     ProtocolError,
     decode_payload,
     validate_request,
 )
-from nvrx.ft.runtime import remove_stale_runtime_dirs
+from nvrx.ft._runtime import remove_stale_runtime_dirs
 
 if TYPE_CHECKING:
     from tests.conftest import Events, MakeConfig, MonitorFactory, RankFactory
@@ -210,7 +210,7 @@ def test_description_limit_is_in_utf8_bytes() -> None:
 def test_a_long_non_ascii_shutdown_request_is_acknowledged_and_arrives_whole(
     make_config: MakeConfig, start_monitor: MonitorFactory, events: Events
 ) -> None:
-    from nvrx.ft.protocol import PROTOCOL_VERSION
+    from nvrx.ft._protocol import PROTOCOL_VERSION
 
     proc, _ = start_monitor(make_config())
     text = "\U0001f525" * (MAX_DESCRIPTION_BYTES // 4)  # 4 UTF-8 bytes each, 12 as \\u escapes

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from nvrx.ft import FaultToleranceConfig, HealthError
-from nvrx.ft.health import GpuHealthCheck, NicHealthCheck, nic_for_gpu_from_topology
+from nvrx.ft._health import GpuHealthCheck, NicHealthCheck, nic_for_gpu_from_topology
 
 if TYPE_CHECKING:
     from tests.conftest import Events, MakeConfig, MonitorFactory, RankFactory

@@ -9,14 +9,14 @@ import struct
 import pytest
 
 from nvrx.ft import MonitorEvent, parse_monitor_event
-from nvrx.ft.protocol import (
+from nvrx.ft._protocol import (
     MAX_MESSAGE_BYTES,
     FrameReader,
     ProtocolError,
     encode_frame,
     validate_request,
 )
-from nvrx.ft.runtime import check_private_dir
+from nvrx.ft._runtime import check_private_dir
 
 
 def test_frames_survive_arbitrary_splits() -> None:

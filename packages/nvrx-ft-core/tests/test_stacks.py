@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from nvrx.ft import MonitorEvent, StackSummary, parse_monitor_event
-from nvrx.ft.stacks import summarize_dump
+from nvrx.ft._stacks import summarize_dump
 
 if TYPE_CHECKING:
     from tests.conftest import Events, MakeConfig, MonitorFactory, RankFactory

@@ -125,7 +125,7 @@ class Launcher:
         return out
 
     def monitor_pids(self) -> list[int]:
-        return [proc.pid for proc in self.running("nvrx.ft.monitor_main")]
+        return [proc.pid for proc in self.running("nvrx.ft._monitor_main")]
 
     def wait(self, timeout: float = 120.0) -> int:
         try:

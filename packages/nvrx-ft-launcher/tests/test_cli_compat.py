@@ -309,7 +309,7 @@ _ARGV_SCRIPT = textwrap.dedent(
     import psutil
     monitors = [
         p for p in psutil.Process(os.getppid()).children()
-        if "nvrx.ft.monitor_main" in " ".join(p.cmdline())
+        if "nvrx.ft._monitor_main" in " ".join(p.cmdline())
     ]
     with open(os.environ["ARGV_OUT"], "w") as out:
         json.dump({"argv": sys.argv[1:], "monitors": len(monitors)}, out)

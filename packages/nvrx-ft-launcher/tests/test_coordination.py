@@ -16,16 +16,16 @@ import time
 import pytest
 from torch._C._distributed_c10d import HashStore, PrefixStore, Store, TCPStore
 
-from nvrx.launcher._job_key import load_job_key, sign
-from nvrx.launcher.coordination import (
+from nvrx.launcher._coordination import (
     Action,
     Decision,
     JobCoordinator,
     JobState,
     StopCause,
 )
+from nvrx.launcher._job_key import load_job_key, sign
+from nvrx.launcher._progress import check_progress_file, made_progress, read_progress
 from nvrx.launcher.exit_codes import ExitCode
-from nvrx.launcher.progress import check_progress_file, made_progress, read_progress
 
 KEY = b"k" * 32
 

@@ -28,7 +28,7 @@ from nvrx.ft import (
     create_runtime_dir,
     parse_monitor_event,
 )
-from nvrx.ft.events import MAX_EVENT_BYTES
+from nvrx.ft._events import MAX_EVENT_BYTES
 from nvrx.launcher._culprit import CulpritFinding, RankEvidence, find_culprit
 
 WORLD = 4

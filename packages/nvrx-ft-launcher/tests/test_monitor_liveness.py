@@ -13,7 +13,7 @@ import pytest
 from launcher_testkit import Launcher, read_events, wait_for  # type: ignore[import-not-found]
 
 from nvrx.ft import FaultToleranceConfig
-from nvrx.launcher.monitors import MonitorSupervisor
+from nvrx.launcher._monitors import MonitorSupervisor
 
 
 @pytest.fixture

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from nvrx.launcher.coordination import Action, JobState, StopCause
+from nvrx.launcher._coordination import Action, JobState, StopCause
+from nvrx.launcher._policy import Progress, RestartPolicy, Trigger, decide, trigger_of
 from nvrx.launcher.exit_codes import ExitCode
-from nvrx.launcher.policy import Progress, RestartPolicy, Trigger, decide, trigger_of
 
 BUDGET = RestartPolicy(
     max_restarts=2, workers_stop_timeout=5, max_no_progress_restarts=0, min_progress_iterations=1

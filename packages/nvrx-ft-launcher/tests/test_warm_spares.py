@@ -20,7 +20,7 @@ from launcher_testkit import (  # type: ignore[import-not-found]
 )
 
 from nvrx.launcher import ExitCode
-from nvrx.launcher.spares import PythonCommand, python_command, spare_command
+from nvrx.launcher._spares import PythonCommand, python_command, spare_command
 
 Start = Callable[..., Launcher]
 StartSpare = Callable[..., tuple["subprocess.Popen[bytes]", socket.socket]]

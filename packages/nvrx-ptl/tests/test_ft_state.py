@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from nvrx.ft.state import MAX_STATE_FILE_BYTES
+from nvrx.ft._state import MAX_STATE_FILE_BYTES
 from nvrx.ptl.ft_state import (
     HEARTBEAT_STATE_FILENAME,
     SECTIONS_STATE_FILENAME,

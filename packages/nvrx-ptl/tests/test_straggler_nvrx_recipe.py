@@ -1,7 +1,7 @@
 """StragglerDetectionCallback called as NeMo's recipe calls it behaves as NVRx's.
 
 GPU scores come from synthetic kernel records fed through the real detector (a
-:class:`~nvrx.straggler.kernels.SyntheticKernelTimer`), so the GPU path runs on CPU with a
+:class:`~nvrx.straggler._kernels.SyntheticKernelTimer`), so the GPU path runs on CPU with a
 real ``lightning.Trainer``: GPU stragglers stop the job (the last checkpoint is saved, then
 ``SystemExit(1)``), section stragglers only when opted in, and the logged scores reach
 ``trainer.callback_metrics`` where EarlyStopping reads them.
@@ -22,7 +22,7 @@ from lightning.pytorch.callbacks import EarlyStopping
 
 from nvrx.ptl import StragglerDetectionCallback
 from nvrx.straggler import Detector, Report
-from nvrx.straggler.kernels import SyntheticKernelRecord, SyntheticKernelTimer
+from nvrx.straggler._kernels import SyntheticKernelRecord, SyntheticKernelTimer
 
 from .conftest import tiny_fit
 

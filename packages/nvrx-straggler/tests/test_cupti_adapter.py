@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from nvrx.straggler import Statistic, StragglerDetector
-from nvrx.straggler.cupti_timer import CuptiKernelTimer, make_kernel_timer
+from nvrx.straggler._cupti_timer import CuptiKernelTimer, make_kernel_timer
 
 
 class ActivityKind(enum.IntEnum):

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from nvrx.straggler import Statistic, StragglerDetector
-from nvrx.straggler.cupti_timer import CuptiKernelTimer
+from nvrx.straggler._cupti_timer import CuptiKernelTimer
 
 pytestmark = [
     pytest.mark.gpu,

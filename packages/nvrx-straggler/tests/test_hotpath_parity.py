@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from nvrx.straggler import sections, statistics
-from nvrx.straggler.kernels import SyntheticKernelRecord, SyntheticKernelTimer
+from nvrx.straggler._kernels import SyntheticKernelRecord, SyntheticKernelTimer
 from nvrx.straggler.sections import CustomSection, EntryCounter, SectionRegistry
 
 BUILT = importlib.util.find_spec("nvrx.straggler._hotpath") is not None
@@ -81,7 +81,7 @@ def test_the_implementation_in_use_is_the_one_asked_for() -> None:
         assert sections.HOT_PATH == "c", "the C extension was not built"
     else:
         assert ("c" if BUILT else "python") == sections.HOT_PATH
-    assert "torch" not in sys.modules or "nvrx.straggler.detector" in sys.modules
+    assert "torch" not in sys.modules or "nvrx.straggler._detector" in sys.modules
 
 
 def _script(section: Section, timer: SyntheticKernelTimer) -> list[Any]:
@@ -232,7 +232,7 @@ def test_sections_and_handles_are_garbage_collected(implementation: str) -> None
 
 _LEFT_OPEN = """
 import sys
-from nvrx.straggler.kernels import SyntheticKernelTimer
+from nvrx.straggler._kernels import SyntheticKernelTimer
 from nvrx.straggler.sections import SectionRegistry
 keep = []
 for _ in range(2):
@@ -414,7 +414,7 @@ import logging, sys
 logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s %(message)s")
 sys.modules["nvrx.straggler._hotpath"] = None  # as an sdist installed without a compiler
 from nvrx.straggler import sections, statistics
-import nvrx.straggler.kernels
+import nvrx.straggler._kernels
 print("HOT_PATH", sections.HOT_PATH, statistics.summarize([1.0, 3.0])[statistics.Statistic.MED])
 """
 

@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 import pytest
 
 from nvrx.straggler import ReportGenerator, Statistic
-from nvrx.straggler.scoring import (
+from nvrx.straggler._scoring import (
     Comparability,
     decode_slots,
     gpu_score,

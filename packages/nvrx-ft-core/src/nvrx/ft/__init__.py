@@ -11,6 +11,19 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from nvrx.ft._events import MonitorEvent, parse_monitor_event
+    from nvrx.ft._files import write_file_atomically
+    from nvrx.ft._health import HealthError
+    from nvrx.ft._liveness import beat_age as monitor_beat_age
+    from nvrx.ft._logs import log_formatter
+    from nvrx.ft._runtime import create_runtime_dir
+    from nvrx.ft._stacks import StackSummary
+    from nvrx.ft._state import (
+        FtStateError,
+        LoadedTimeouts,
+        parse_timeouts_state,
+        read_timeouts_state_file,
+    )
     from nvrx.ft.client import RankMonitorClient, RankMonitorClientError
     from nvrx.ft.config import (
         CLI_NONE,
@@ -29,20 +42,7 @@ if TYPE_CHECKING:
         WorkloadControlRequest,
         monitor_socket_from_env,
     )
-    from nvrx.ft.events import MonitorEvent, parse_monitor_event
-    from nvrx.ft.files import write_file_atomically
-    from nvrx.ft.health import HealthError
-    from nvrx.ft.liveness import beat_age as monitor_beat_age
-    from nvrx.ft.logs import log_formatter
-    from nvrx.ft.runtime import create_runtime_dir
     from nvrx.ft.server import RANK_MONITOR_INIT_TIMEOUT, MonitorProcess, RankMonitorServer
-    from nvrx.ft.stacks import StackSummary
-    from nvrx.ft.state import (
-        FtStateError,
-        LoadedTimeouts,
-        parse_timeouts_state,
-        read_timeouts_state_file,
-    )
     from nvrx.ft.timeouts_calc import TimeoutsCalc, TimeoutsCalcError
 
     __version__: str
@@ -62,21 +62,21 @@ _WHERE = {
     "WorkloadAction": "data",
     "WorkloadControlRequest": "data",
     "monitor_socket_from_env": "data",
-    "MonitorEvent": "events",
-    "parse_monitor_event": "events",
-    "write_file_atomically": "files",
-    "log_formatter": "logs",
-    "HealthError": "health",
-    "create_runtime_dir": "runtime",
-    "monitor_beat_age": "liveness",
+    "MonitorEvent": "_events",
+    "parse_monitor_event": "_events",
+    "write_file_atomically": "_files",
+    "log_formatter": "_logs",
+    "HealthError": "_health",
+    "create_runtime_dir": "_runtime",
+    "monitor_beat_age": "_liveness",
     "RANK_MONITOR_INIT_TIMEOUT": "server",
     "MonitorProcess": "server",
     "RankMonitorServer": "server",
-    "StackSummary": "stacks",
-    "FtStateError": "state",
-    "LoadedTimeouts": "state",
-    "parse_timeouts_state": "state",
-    "read_timeouts_state_file": "state",
+    "StackSummary": "_stacks",
+    "FtStateError": "_state",
+    "LoadedTimeouts": "_state",
+    "parse_timeouts_state": "_state",
+    "read_timeouts_state_file": "_state",
     "SectionAction": "data",
     "TimeoutsCalc": "timeouts_calc",
     "TimeoutsCalcError": "timeouts_calc",

@@ -23,17 +23,9 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any, TextIO
 
-from nvrx.ft.config import FaultToleranceConfig
-from nvrx.ft.data import (
-    MONITOR_SOCKET_ENV,
-    HeartbeatTimeouts,
-    SectionTimeouts,
-    WorkloadControlRequest,
-    monitor_socket_from_env,
-)
-from nvrx.ft.detection import STEP_SECTION
-from nvrx.ft.protocol import PROTOCOL_VERSION, ProtocolError, encode_frame, recv_frame
-from nvrx.ft.shm import (
+from nvrx.ft._detection import STEP_SECTION
+from nvrx.ft._protocol import PROTOCOL_VERSION, ProtocolError, encode_frame, recv_frame
+from nvrx.ft._shm import (
     LAST_HB_NS,
     OOS_SINCE_NS,
     SECTION_BASE,
@@ -43,7 +35,15 @@ from nvrx.ft.shm import (
     WARMUP_STEPS,
     SharedBlock,
 )
-from nvrx.ft.state import CURRENT_TIMEOUTS_STATE_KEY, FtStateError, parse_timeouts_state
+from nvrx.ft._state import CURRENT_TIMEOUTS_STATE_KEY, FtStateError, parse_timeouts_state
+from nvrx.ft.config import FaultToleranceConfig
+from nvrx.ft.data import (
+    MONITOR_SOCKET_ENV,
+    HeartbeatTimeouts,
+    SectionTimeouts,
+    WorkloadControlRequest,
+    monitor_socket_from_env,
+)
 from nvrx.ft.timeouts_calc import SectionStat, TimeoutsCalc, TimeoutsCalcError
 
 __all__ = ["RankMonitorClient", "RankMonitorClientError"]
@@ -367,9 +367,9 @@ class RankMonitorClient:
         slots = self._slots
         if self._warmup_left and slot == self._step_slot:
             self._warmup_left -= 1
-            slots[STEPS_STARTED] += 1  # before the open time: see nvrx.ft.shm
+            slots[STEPS_STARTED] += 1  # before the open time: see nvrx.ft._shm
         t = _monotonic_ns()
-        slots[slot] = t  # the open time first, then out-of-section cleared (see nvrx.ft.shm)
+        slots[slot] = t  # the open time first, then out-of-section cleared (see nvrx.ft._shm)
         calc = self._calc  # inline copy of TimeoutsCalc._open_ns
         if not calc.open_count:
             slots[OOS_SINCE_NS] = 0
@@ -594,7 +594,7 @@ class RankMonitorClient:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore calculated timeouts; before init they are applied at init.
 
-        Accepts what :meth:`state_dict` and NVRx write (see :mod:`nvrx.ft.state`). State
+        Accepts what :meth:`state_dict` and NVRx write (see :mod:`nvrx.ft._state`). State
         that cannot be used (wrong shape, NaN, a timeout over 30 days...) never raises:
         it is logged at WARNING, saying why, and the configured timeouts stay.
         """

@@ -22,8 +22,8 @@ import warnings
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+from nvrx.ft._files import write_file_atomically
 from nvrx.ft.data import MAX_DURATION_S
-from nvrx.ft.files import write_file_atomically
 
 __all__ = [
     "CLI_NONE",

@@ -28,14 +28,12 @@ import sys
 import time
 from typing import Any
 
-from nvrx.ft.config import FaultToleranceConfig
-from nvrx.ft.data import workload_action_from_name
-from nvrx.ft.detection import ActiveTimeouts, Violation, find_violation, next_deadline_ns
-from nvrx.ft.events import EventSender, MonitorEvent
-from nvrx.ft.health import HealthChecks, HealthError
-from nvrx.ft.liveness import BeatWriter, beat_age, beat_path
-from nvrx.ft.logs import log_formatter
-from nvrx.ft.protocol import (
+from nvrx.ft._detection import ActiveTimeouts, Violation, find_violation, next_deadline_ns
+from nvrx.ft._events import EventSender, MonitorEvent
+from nvrx.ft._health import HealthChecks, HealthError
+from nvrx.ft._liveness import BeatWriter, beat_age, beat_path
+from nvrx.ft._logs import log_formatter
+from nvrx.ft._protocol import (
     MAX_MESSAGE_BYTES,
     FrameReader,
     ProtocolError,
@@ -43,10 +41,12 @@ from nvrx.ft.protocol import (
     encode_frame,
     validate_request,
 )
-from nvrx.ft.runtime import check_private_dir, check_socket_path_length
-from nvrx.ft.shm import SLOT_LAYOUT, RankSnapshot, SharedBlock
-from nvrx.ft.stacks import dump_offset, read_appended, summarize_dump
-from nvrx.ft.termination import RankProcess, Terminator
+from nvrx.ft._runtime import check_private_dir, check_socket_path_length
+from nvrx.ft._shm import SLOT_LAYOUT, RankSnapshot, SharedBlock
+from nvrx.ft._stacks import dump_offset, read_appended, summarize_dump
+from nvrx.ft._termination import RankProcess, Terminator
+from nvrx.ft.config import FaultToleranceConfig
+from nvrx.ft.data import workload_action_from_name
 
 __all__ = ["RANK_MONITOR_INIT_TIMEOUT", "MonitorProcess", "RankMonitorServer"]
 
@@ -804,13 +804,13 @@ class RankMonitorServer:
         """Start a monitor process and return at once; see :class:`MonitorProcess`.
 
         The child is a fresh interpreter (not a fork) running
-        ``python -m nvrx.ft.monitor_main --socket PATH ...``, which never imports torch.
+        ``python -m nvrx.ft._monitor_main --socket PATH ...``, which never imports torch.
         Call :meth:`MonitorProcess.wait_ready` before starting the rank; start several
         monitors first and wait for them afterwards to overlap their start-up. The
         monitor dies with this process (PDEATHSIG plus parent polling), so call this
         from a thread that lives as long as the caller. Its log goes to ``stderr``
         (a file descriptor; default: ours). The socket's directory must be private
-        (see :func:`nvrx.ft.runtime.check_private_dir`); the monitor exits with an
+        (see :func:`nvrx.ft._runtime.check_private_dir`); the monitor exits with an
         error otherwise (:meth:`run_in_subprocess` checks it before starting one).
         """
         read_fd, write_fd = os.pipe()
@@ -818,7 +818,7 @@ class RankMonitorServer:
             cmd = [
                 sys.executable,
                 "-m",
-                "nvrx.ft.monitor_main",
+                "nvrx.ft._monitor_main",
                 "--socket",
                 os.fspath(socket_path),
                 "--local-rank",
@@ -884,7 +884,7 @@ class MonitorProcess:
         """Seconds since the monitor's loop last turned (see :func:`nvrx.ft.monitor_beat_age`).
 
         None before it listens. A running monitor stays below about
-        :data:`nvrx.ft.liveness.BEAT_PERIOD_S`; a stopped (SIGSTOP) one keeps growing.
+        :data:`nvrx.ft._liveness.BEAT_PERIOD_S`; a stopped (SIGSTOP) one keeps growing.
         """
         return beat_age(self.socket_path)
 

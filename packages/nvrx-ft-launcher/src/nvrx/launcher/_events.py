@@ -161,7 +161,7 @@ class DecisionTaken(Event):
     #: When this node noticed the cycle's end (Unix time).
     failure_noticed: float
     #: What ended the cycle: ``failure``, ``exclude_request``, ``shutdown_request`` or
-    #: ``nodes_waiting`` (:class:`~nvrx.launcher.policy.Trigger`).
+    #: ``nodes_waiting`` (:class:`~nvrx.launcher._policy.Trigger`).
     trigger: str
 
 

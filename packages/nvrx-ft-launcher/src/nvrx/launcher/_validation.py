@@ -153,7 +153,7 @@ def validate_torchrun_options(args: argparse.Namespace, parser: argparse.Argumen
 def validate_launcher_files(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     """The progress file and the job key file (or value) are usable."""
     from ._job_key import load_job_key
-    from .progress import check_progress_file
+    from ._progress import check_progress_file
 
     try:
         load_job_key(os.environ)

@@ -28,6 +28,7 @@ from typing import IO, TYPE_CHECKING, Any, NoReturn
 
 from nvrx.ft import MAX_DURATION_S, FaultToleranceConfig, add_ft_arguments, log_formatter
 
+from ._monitors import MonitorSupervisor
 from ._nvrx_only import add_nvrx_only_options, warn_without_effect
 from ._validation import (
     MAX_DAYS,
@@ -36,10 +37,9 @@ from ._validation import (
     validate_torchrun_options,
 )
 from .exit_codes import ExitCode, exit_codes_table
-from .monitors import MonitorSupervisor
 
 if TYPE_CHECKING:
-    from .launch import LaunchOptions
+    from ._launch import LaunchOptions
 
 __all__ = ["add_launcher_options", "get_parser", "main"]
 
@@ -497,7 +497,7 @@ def _ft_config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Fau
 def _options(args: argparse.Namespace, parser: argparse.ArgumentParser) -> LaunchOptions:
     from torch.distributed.run import config_from_args
 
-    from .launch import LaunchOptions
+    from ._launch import LaunchOptions
 
     validate_torchrun_options(args, parser)
     ft_cfg = _ft_config(args, parser)
@@ -677,7 +677,7 @@ def _run(argv: list[str]) -> int:
             logger.debug("early monitors do not match the full command line; restarting them")
             monitors.close()
             monitors = None
-        from .launch import launch
+        from ._launch import launch
 
         handed_over, monitors = monitors, None
         return launch(options, monitors=handed_over)

@@ -15,44 +15,44 @@ from importlib.metadata import version as _version
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from nvrx.straggler.detector import Detector, StragglerDetector
-    from nvrx.straggler.drift import SustainedSlowdown, SustainedSlowdownRule
-    from nvrx.straggler.interval import ReportIntervalTracker
-    from nvrx.straggler.kernels import (
+    from nvrx.straggler._detector import Detector, StragglerDetector
+    from nvrx.straggler._drift import SustainedSlowdown, SustainedSlowdownRule
+    from nvrx.straggler._interval import ReportIntervalTracker
+    from nvrx.straggler._kernels import (
         KernelTimer,
         KernelTimingStatus,
         NullKernelTimer,
         SyntheticKernelRecord,
         SyntheticKernelTimer,
     )
-    from nvrx.straggler.names import NameMapper
-    from nvrx.straggler.report import NonComparable, Report, StragglerId
-    from nvrx.straggler.report_generator import ReportGenerator
+    from nvrx.straggler._names import NameMapper
+    from nvrx.straggler._report import NonComparable, Report, StragglerId
+    from nvrx.straggler._report_generator import ReportGenerator
+    from nvrx.straggler._wrapping import CallableId
     from nvrx.straggler.sections import CustomSection
     from nvrx.straggler.statistics import Statistic
-    from nvrx.straggler.wrapping import CallableId
 
 __version__: str = _version("nvrx-straggler")
 
 _HOME = {
-    "CallableId": "wrapping",
+    "CallableId": "_wrapping",
     "CustomSection": "sections",
-    "Detector": "detector",
-    "KernelTimer": "kernels",
-    "KernelTimingStatus": "kernels",
-    "NameMapper": "names",
-    "NonComparable": "report",
-    "NullKernelTimer": "kernels",
-    "Report": "report",
-    "ReportGenerator": "report_generator",
-    "ReportIntervalTracker": "interval",
+    "Detector": "_detector",
+    "KernelTimer": "_kernels",
+    "KernelTimingStatus": "_kernels",
+    "NameMapper": "_names",
+    "NonComparable": "_report",
+    "NullKernelTimer": "_kernels",
+    "Report": "_report",
+    "ReportGenerator": "_report_generator",
+    "ReportIntervalTracker": "_interval",
     "Statistic": "statistics",
-    "StragglerDetector": "detector",
-    "StragglerId": "report",
-    "SustainedSlowdown": "drift",
-    "SustainedSlowdownRule": "drift",
-    "SyntheticKernelRecord": "kernels",
-    "SyntheticKernelTimer": "kernels",
+    "StragglerDetector": "_detector",
+    "StragglerId": "_report",
+    "SustainedSlowdown": "_drift",
+    "SustainedSlowdownRule": "_drift",
+    "SyntheticKernelRecord": "_kernels",
+    "SyntheticKernelTimer": "_kernels",
 }
 
 __all__ = [

@@ -4,7 +4,7 @@ from collections.abc import Callable, Collection
 from types import CodeType, FrameType, TracebackType
 from typing import final
 
-from nvrx.straggler.kernels import KernelTimer
+from nvrx.straggler._kernels import KernelTimer
 from nvrx.straggler.sections import CustomSection, SectionContext
 
 @final

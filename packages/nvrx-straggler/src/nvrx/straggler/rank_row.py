@@ -7,7 +7,7 @@ Layout, version :data:`ROW_VERSION`::
 
     [ROW_VERSION, S, <HEAD_FIELDS>, <SECTION_FIELDS[0]> x S, ..., <SECTION_FIELDS[4]> x S]
 
-Codes are :class:`~nvrx.straggler.scoring.Comparability` values; NaN means "no score".
+Codes are :class:`~nvrx.straggler._scoring.Comparability` values; NaN means "no score".
 :class:`GatheredRows` reads the rows of many ranks by field name, a column at a time.
 """
 
@@ -17,7 +17,7 @@ import dataclasses
 import math
 from collections.abc import Sequence
 
-from nvrx.straggler.scoring import Comparability
+from nvrx.straggler._scoring import Comparability
 
 __all__ = ["HEAD_FIELDS", "ROW_VERSION", "SECTION_FIELDS", "GatheredRows", "RankRow"]
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from nvrx.straggler.statistics import KERNEL_TIME_UNIT, SECTION_TIME_UNIT, Statistic
 
 if TYPE_CHECKING:
-    from nvrx.straggler.report import Report
+    from nvrx.straggler._report import Report
 
 __all__ = [
     "REPORT_SCHEMA_VERSION",

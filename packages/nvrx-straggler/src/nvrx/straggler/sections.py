@@ -37,7 +37,7 @@ from nvrx.straggler import _native
 from nvrx.straggler.statistics import Statistic, summarize
 
 if TYPE_CHECKING:
-    from nvrx.straggler.kernels import KernelTimer
+    from nvrx.straggler._kernels import KernelTimer
 
 __all__ = [
     "HOT_PATH",

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from nvrx.straggler.detector import Detector
+from nvrx.straggler._detector import Detector
+from nvrx.straggler._wrapping import CallableId
 from nvrx.straggler.sections import CustomSection
-from nvrx.straggler.wrapping import CallableId
 
 __all__ = ["CallableId", "CustomSection", "Detector"]

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from nvrx.ft.shm import RankSnapshot
+from nvrx.ft._shm import RankSnapshot
 
 __all__ = [
     "STEP_SECTION",

@@ -27,7 +27,7 @@ from nvrx.ft import (
     create_runtime_dir,
     parse_monitor_event,
 )
-from nvrx.ft.events import MAX_EVENT_BYTES
+from nvrx.ft._events import MAX_EVENT_BYTES
 
 __all__ = ["MonitorSupervisor"]
 
@@ -35,7 +35,7 @@ logger = logging.getLogger("nvrx.launcher")
 
 
 #: A monitor whose loop has not turned for this long is stuck and is replaced. The loop
-#: beats every ``nvrx.ft.liveness.BEAT_PERIOD_S`` (0.25 s); the margin absorbs scheduling
+#: beats every ``nvrx.ft._liveness.BEAT_PERIOD_S`` (0.25 s); the margin absorbs scheduling
 #: delays on a loaded machine, and costs at most this much extra hang-detection latency.
 STALL_TIMEOUT_S = 5.0
 

@@ -31,13 +31,13 @@ from torch.distributed.launcher.api import LaunchConfig
 from nvrx.ft import FaultToleranceConfig
 
 from . import metrics
-from .agent import FtAgent, LauncherExit, RestartPolicy
-from .exec_shim import shim_args
+from ._agent import FtAgent, LauncherExit, RestartPolicy
+from ._exec_shim import shim_args
+from ._monitors import MonitorSupervisor
+from ._rendezvous import tune_rendezvous
+from ._spares import SAFE_FLAGS, SparePool, python_command
 from .exit_codes import ExitCode, exit_code_for_signal
 from .journal import JsonLines
-from .monitors import MonitorSupervisor
-from .rendezvous import tune_rendezvous
-from .spares import SAFE_FLAGS, SparePool, python_command
 
 __all__ = ["LaunchOptions", "launch"]
 

@@ -1,13 +1,13 @@
 """GPU kernel timing from CUPTI activity records through ``cupti-python``.
 
 Importing this module never imports CUPTI or CUDA; :func:`make_kernel_timer` does,
-and falls back to a :class:`~nvrx.straggler.kernels.NullKernelTimer` that says why
+and falls back to a :class:`~nvrx.straggler._kernels.NullKernelTimer` that says why
 (no GPU, cupti-python missing, CUPTI held by another subscriber such as
 torch.profiler or Nsight). Section timing carries on in every case.
 
 CONCURRENT_KERNEL activity is enabled only while a profiled section runs (outermost
 entry to outermost exit). Completed buffers are parsed by cupti-python; the callback
-only hands the kernel records to the shared :class:`~nvrx.straggler.kernels.KernelAggregator`.
+only hands the kernel records to the shared :class:`~nvrx.straggler._kernels.KernelAggregator`.
 Dropped records reported by CUPTI and records without timestamps are counted and
 reported with each window. The process-wide CUPTI state is never finalised, so other
 CUPTI users keep working after shutdown.
@@ -20,7 +20,7 @@ import logging
 import threading
 from typing import Any
 
-from nvrx.straggler.kernels import (
+from nvrx.straggler._kernels import (
     DEFAULT_MAX_SAMPLES_PER_KERNEL,
     KernelAggregator,
     KernelTimer,

@@ -40,10 +40,11 @@ from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
 
 from nvrx.ft import MonitorEvent
-from nvrx.ft.termination import STACK_DUMP_PAUSE_S
+from nvrx.ft._termination import STACK_DUMP_PAUSE_S
 
 from . import _torch_compat as compat
 from . import goodput
+from ._coordination import Decision, JobCoordinator, JobState
 from ._culprit import CulpritFinding, RankEvidence, find_culprit
 from ._events import (
     AllNodesFinished,
@@ -62,17 +63,16 @@ from ._events import (
     WorkloadControl,
 )
 from ._job_key import KEY_ENV, KEY_FILE_ENV, load_job_key
+from ._monitors import MonitorSupervisor
+from ._policy import Progress, RestartPolicy, Trigger, decide, trigger_of
+from ._progress import check_progress_file, read_progress
+from ._rendezvous import renew_worker_store
 from ._root_cause import process_failure, root_cause
+from ._spares import SparePool, spare_handlers
 from ._torch_compat import Store
-from .coordination import Decision, JobCoordinator, JobState
 from .exit_codes import ExitCode
 from .journal import JsonLines
 from .metrics import NULL_RECORDER, NullRecorder
-from .monitors import MonitorSupervisor
-from .policy import Progress, RestartPolicy, Trigger, decide, trigger_of
-from .progress import check_progress_file, read_progress
-from .rendezvous import renew_worker_store
-from .spares import SparePool, spare_handlers
 
 __all__ = ["FtAgent", "LauncherExit", "RestartPolicy"]
 

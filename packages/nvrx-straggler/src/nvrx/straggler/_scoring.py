@@ -11,7 +11,7 @@ Relative reference: the smallest median among the ranks that ran the section or
 kernel in this window. A kernel counts for the relative GPU score only if every rank
 that recorded kernels ran it, so all ranks are compared on the same work; ranks that
 recorded no kernels do not shrink that common set. Individual reference: the rank's
-own baseline (see :mod:`nvrx.straggler.report_generator`).
+own baseline (see :mod:`nvrx.straggler._report_generator`).
 
 Instead of a bare NaN, every score comes with a :class:`Comparability` code that says
 why a rank could not be scored. A median of zero counts as no data.

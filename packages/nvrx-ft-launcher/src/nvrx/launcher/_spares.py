@@ -33,7 +33,7 @@ from typing import IO, Any
 from torch.distributed.elastic.multiprocessing.subprocess_handler import SubprocessHandler
 
 from . import _torch_compat as compat
-from .exec_shim import EXEC_SHIM, shimmed
+from ._exec_shim import EXEC_SHIM, shimmed
 
 __all__ = [
     "SAFE_FLAGS",

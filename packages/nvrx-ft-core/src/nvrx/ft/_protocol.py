@@ -11,7 +11,7 @@ reply (an error reply for a bad one).
 
 The hot path (heartbeats, sections) does not use this channel: it is a shared memory
 block whose file descriptor the monitor hands over in its reply to ``init``
-(see :mod:`nvrx.ft.shm`).
+(see :mod:`nvrx.ft._shm`).
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ MAX_JSON_DEPTH = 8
 #: Most digits of a JSON integer (an int64 has 19).
 MAX_INT_DIGITS = 20
 #: Longest workload control description, in UTF-8 bytes. A monitor event carrying it
-#: stays within nvrx.ft.events.MAX_EVENT_BYTES, which the launcher's reader accepts.
+#: stays within nvrx.ft._events.MAX_EVENT_BYTES, which the launcher's reader accepts.
 MAX_DESCRIPTION_BYTES = 4096
 _INT64 = 2**63
 _HEADER = struct.Struct(">I")

@@ -15,7 +15,7 @@ import os
 import socket
 from typing import Any
 
-from nvrx.ft.stacks import StackSummary
+from nvrx.ft._stacks import StackSummary
 
 __all__ = [
     "EVENT_CAUSES",

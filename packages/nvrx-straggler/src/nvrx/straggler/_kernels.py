@@ -5,7 +5,7 @@ are reference counted, so nested sections are fine) and hands back the window's
 durations with :meth:`KernelTimer.collect`. Every implementation pushes its records
 through :class:`KernelAggregator`, which keys kernels by name and launch shape (as the
 reference does) and keeps a bounded sample buffer per key. :class:`SyntheticKernelTimer`
-takes records from the caller; :mod:`nvrx.straggler.cupti_timer` takes them from CUPTI.
+takes records from the caller; :mod:`nvrx.straggler._cupti_timer` takes them from CUPTI.
 """
 
 from __future__ import annotations

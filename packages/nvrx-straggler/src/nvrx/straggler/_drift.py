@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 from nvrx.straggler.statistics import Statistic, summarize
 
 if TYPE_CHECKING:
-    from nvrx.straggler.report import Report
+    from nvrx.straggler._report import Report
 
 __all__ = ["SustainedSlowdown", "SustainedSlowdownRule"]
 

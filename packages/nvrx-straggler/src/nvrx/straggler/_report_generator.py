@@ -32,25 +32,25 @@ from typing import Any
 
 import torch
 
-from nvrx.straggler.comm import Comm
-from nvrx.straggler.drift import SustainedSlowdownRule
-from nvrx.straggler.kernels import KernelTimingStatus
-from nvrx.straggler.names import NameMapper
-from nvrx.straggler.rank_row import GatheredRows, RankRow
-from nvrx.straggler.report import (
+from nvrx.straggler._comm import Comm
+from nvrx.straggler._drift import SustainedSlowdownRule
+from nvrx.straggler._kernels import KernelTimingStatus
+from nvrx.straggler._names import NameMapper
+from nvrx.straggler._report import (
     INDIVIDUAL_PERF_SCORES,
     RELATIVE_PERF_SCORES,
     NonComparable,
     Report,
     parse_scores_to_compute,
 )
-from nvrx.straggler.scoring import (
+from nvrx.straggler._scoring import (
     Comparability,
     decode_slots,
     gpu_score,
     reference_slots,
     section_score,
 )
+from nvrx.straggler.rank_row import GatheredRows, RankRow
 from nvrx.straggler.statistics import Statistic
 
 __all__ = ["DEFAULT_COMM_KERNEL_PATTERN", "ReportGenerator"]

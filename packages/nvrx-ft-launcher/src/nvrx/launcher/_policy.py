@@ -5,7 +5,7 @@ what ended the cycle (:class:`Trigger`), the progress marker before and after it
 the limits from the command line (:class:`RestartPolicy`) to the :class:`Decision` every
 node follows. It reads no file, no clock and no store, so each rule is tested case by
 case without processes (``tests/test_policy.py``); the agent gathers the inputs and
-publishes the result through :class:`~nvrx.launcher.coordination.JobCoordinator`.
+publishes the result through :class:`~nvrx.launcher._coordination.JobCoordinator`.
 
 The rules, in order:
 
@@ -23,8 +23,8 @@ from __future__ import annotations
 import dataclasses
 import enum
 
-from .coordination import Action, Decision, JobState, StopCause
-from .progress import made_progress
+from ._coordination import Action, Decision, JobState, StopCause
+from ._progress import made_progress
 
 __all__ = ["Progress", "RestartPolicy", "Trigger", "decide", "trigger_of"]
 

@@ -17,13 +17,13 @@ from typing import Any, ClassVar
 
 import torch
 
-from nvrx.straggler.drift import SustainedSlowdownRule
-from nvrx.straggler.interval import ReportIntervalTracker
-from nvrx.straggler.kernels import DEFAULT_MAX_SAMPLES_PER_KERNEL, KernelTimer
-from nvrx.straggler.report import Report, parse_scores_to_compute
-from nvrx.straggler.report_generator import DEFAULT_COMM_KERNEL_PATTERN, ReportGenerator
+from nvrx.straggler._drift import SustainedSlowdownRule
+from nvrx.straggler._interval import ReportIntervalTracker
+from nvrx.straggler._kernels import DEFAULT_MAX_SAMPLES_PER_KERNEL, KernelTimer
+from nvrx.straggler._report import Report, parse_scores_to_compute
+from nvrx.straggler._report_generator import DEFAULT_COMM_KERNEL_PATTERN, ReportGenerator
+from nvrx.straggler._wrapping import CallableId, CallableWrapper
 from nvrx.straggler.sections import CustomSection, SectionContext, SectionRegistry
-from nvrx.straggler.wrapping import CallableId, CallableWrapper
 
 __all__ = ["Detector", "StragglerDetector"]
 
@@ -41,7 +41,7 @@ class StragglerDetector:
     The first five parameters are the reference's ``Detector.initialize`` ones.
     ``pg`` is the process group of every collective (None: the default group).
     ``kernel_timer`` replaces the CUPTI timer (e.g. a
-    :class:`~nvrx.straggler.kernels.SyntheticKernelTimer`); by default CUPTI is used
+    :class:`~nvrx.straggler._kernels.SyntheticKernelTimer`); by default CUPTI is used
     when cupti-python and a GPU are present. ``comm_kernel_pattern`` is the regex of
     communication kernels left out of GPU scores. ``individual_baseline_windows`` is
     how many reports the individual baseline remembers. ``cuda_event_timing`` also
@@ -103,7 +103,7 @@ class StragglerDetector:
             agree=self._agree_interval,
         )
         if kernel_timer is None:
-            from nvrx.straggler.cupti_timer import make_kernel_timer
+            from nvrx.straggler._cupti_timer import make_kernel_timer
 
             kernel_timer = make_kernel_timer(max_samples_per_kernel)
         self.kernel_timer: KernelTimer = kernel_timer

@@ -1,4 +1,4 @@
-"""Entry point of a monitor process: ``python -m nvrx.ft.monitor_main``.
+"""Entry point of a monitor process: ``python -m nvrx.ft._monitor_main``.
 
 Started by :meth:`nvrx.ft.RankMonitorServer.run_in_subprocess`; not meant to be run by
 hand. It never imports torch, so a monitor starts in a fraction of a second.
@@ -39,7 +39,7 @@ def _die_with_parent(parent_pid: int | None) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Parse the arguments the launcher passes and serve until stopped."""
-    parser = argparse.ArgumentParser(prog="python -m nvrx.ft.monitor_main")
+    parser = argparse.ArgumentParser(prog="python -m nvrx.ft._monitor_main")
     parser.add_argument("--socket", required=True)
     parser.add_argument("--local-rank", type=int, default=0)
     parser.add_argument("--events-socket", default=None)

@@ -1,7 +1,7 @@
 """The straggler report: NVRx's :class:`Report` and what identifies stragglers in it.
 
 Only the model lives here; :mod:`nvrx.straggler.report_format` turns a report into
-JSON and tables, :mod:`nvrx.straggler.report_generator` makes reports.
+JSON and tables, :mod:`nvrx.straggler._report_generator` makes reports.
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from nvrx.straggler import report_format
-from nvrx.straggler.kernels import KernelTimingStatus
+from nvrx.straggler._kernels import KernelTimingStatus
 from nvrx.straggler.statistics import Statistic
 
 if TYPE_CHECKING:
-    from nvrx.straggler.drift import SustainedSlowdown
+    from nvrx.straggler._drift import SustainedSlowdown
 
 __all__ = [
     "INDIVIDUAL_PERF_SCORES",
