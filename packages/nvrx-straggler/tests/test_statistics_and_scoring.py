@@ -190,7 +190,7 @@ def test_unscored_ranks_are_logged_once_per_process(
 ) -> None:
     # A lasting condition (here: no kernels on any rank, as on CPU) is said once, while
     # every report keeps listing it in non_comparable (issue 15.12).
-    from nvrx.straggler import report_generator
+    from nvrx.straggler import _report_generator as report_generator
     from nvrx.straggler.rank_row import GatheredRows, RankRow
 
     monkeypatch.setattr(report_generator, "_told", set())  # a fresh process
