@@ -11,6 +11,16 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from nvrx.ft._cycle_info import (
+        CYCLE_INFO_ENV,
+        CYCLE_INFO_SCHEMA_VERSION,
+        CycleGoodput,
+        CycleInfo,
+        CycleNode,
+        cycle_info_schema_path,
+        read_cycle_info,
+        write_cycle_info,
+    )
     from nvrx.ft._events import MonitorEvent, parse_monitor_event
     from nvrx.ft._files import write_file_atomically
     from nvrx.ft._health import HealthError
@@ -62,6 +72,14 @@ _WHERE = {
     "WorkloadAction": "data",
     "WorkloadControlRequest": "data",
     "monitor_socket_from_env": "data",
+    "CYCLE_INFO_ENV": "_cycle_info",
+    "CYCLE_INFO_SCHEMA_VERSION": "_cycle_info",
+    "CycleGoodput": "_cycle_info",
+    "CycleInfo": "_cycle_info",
+    "CycleNode": "_cycle_info",
+    "cycle_info_schema_path": "_cycle_info",
+    "read_cycle_info": "_cycle_info",
+    "write_cycle_info": "_cycle_info",
     "MonitorEvent": "_events",
     "parse_monitor_event": "_events",
     "write_file_atomically": "_files",
@@ -87,9 +105,14 @@ _RENAMED = {"monitor_beat_age": "beat_age"}
 
 __all__ = [
     "CLI_NONE",
+    "CYCLE_INFO_ENV",
+    "CYCLE_INFO_SCHEMA_VERSION",
     "MAX_DURATION_S",
     "MONITOR_SOCKET_ENV",
     "RANK_MONITOR_INIT_TIMEOUT",
+    "CycleGoodput",
+    "CycleInfo",
+    "CycleNode",
     "FaultToleranceConfig",
     "FieldSpec",
     "FtStateError",
@@ -112,12 +135,15 @@ __all__ = [
     "add_config_arguments",
     "add_ft_arguments",
     "create_runtime_dir",
+    "cycle_info_schema_path",
     "log_formatter",
     "monitor_beat_age",
     "monitor_socket_from_env",
     "parse_monitor_event",
     "parse_timeouts_state",
+    "read_cycle_info",
     "read_timeouts_state_file",
+    "write_cycle_info",
     "write_file_atomically",
 ]
 
