@@ -1,0 +1,134 @@
+"""Group ranks that follow the scheduler: SLURM_PROCID, then GROUP_RANK, then join order.
+
+Torch's dynamic rendezvous numbers nodes by the sort order of their descriptors (host
+name, pid, counter), so node 3 of an sbatch job may be group rank 0 and every log line
+names ranks the scheduler does not know. NVRx 0.7 always aligns them (its v0.5 flag
+``--ft-use-infra-group-rank`` became the only behaviour); so do we: after each round
+every node publishes its scheduler index in the round's store, reads the others', and
+takes its place in the order :func:`aligned_ranks` gives. The ranks stay dense
+(0..N-1) when the scheduler's are not (a replaced node), and the result is the same
+on every node because every node sorts the same published keys.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from datetime import timedelta
+
+from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousInfo
+
+from ._torch_compat import Store
+
+__all__: list[str] = []
+
+logger = logging.getLogger("nvrx.launcher")
+
+#: Where each node publishes its key, under the round's own store prefix.
+_KEY = "nvrx.launcher/infra_rank/"
+#: How long a node waits for the others' keys (they publish right after the round).
+_WAIT_S = 60.0
+_MAX_INDEX = 10**7
+
+
+@dataclasses.dataclass(frozen=True, order=True)
+class InfraKey:
+    """What orders a node: scheduler index first, then GROUP_RANK, then torch's rank.
+
+    ``tier`` is 0 for SLURM_PROCID, 1 for GROUP_RANK, 2 for neither (then ``index`` is
+    torch's rank, its stable order).
+    """
+
+    tier: int
+    index: int
+
+    def to_json(self) -> str:
+        return json.dumps({"tier": self.tier, "index": self.index})
+
+    @classmethod
+    def from_json(cls, text: bytes | str) -> InfraKey:
+        """Parse a published key; ValueError for anything but two small ints."""
+        try:
+            data = json.loads(text)
+        except ValueError:
+            raise ValueError(f"not an infra rank key: {text!r}") from None
+        if not isinstance(data, dict) or set(data) != {"tier", "index"}:
+            raise ValueError(f"not an infra rank key: {text!r}")
+        tier, index = data["tier"], data["index"]
+        if not all(type(v) is int for v in (tier, index)):
+            raise ValueError(f"not an infra rank key: {text!r}")
+        if not (0 <= tier <= 2 and 0 <= index <= _MAX_INDEX):
+            raise ValueError(f"infra rank key out of range: {text!r}")
+        return cls(tier, index)
+
+
+def _index(env: Mapping[str, str], name: str) -> int | None:
+    text = env.get(name, "").strip()
+    if not text.isdigit() or int(text) > _MAX_INDEX:
+        return None
+    return int(text)
+
+
+def infra_key(env: Mapping[str, str], torch_rank: int) -> InfraKey:
+    """This node's key: SLURM_PROCID if set, else GROUP_RANK, else torch's rank."""
+    for tier, name in enumerate(("SLURM_PROCID", "GROUP_RANK")):
+        index = _index(env, name)
+        if index is not None:
+            return InfraKey(tier, index)
+    return InfraKey(2, torch_rank)
+
+
+def aligned_ranks(keys: Sequence[InfraKey]) -> list[int]:
+    """``keys[r]`` is torch rank r's key; returns the group rank of each torch rank.
+
+    Sorted by key, ties (two launchers with the same SLURM_PROCID) by torch's rank, so
+    the result is a permutation of 0..N-1 whatever the keys are.
+    """
+    order = sorted(range(len(keys)), key=lambda r: (keys[r], r))
+    ranks = [0] * len(keys)
+    for group_rank, torch_rank in enumerate(order):
+        ranks[torch_rank] = group_rank
+    return ranks
+
+
+def _exchange(store: Store, torch_rank: int, world_size: int, mine: InfraKey) -> list[InfraKey]:
+    """Publish ``mine`` in the round's store and read every node's key."""
+    store.set(f"{_KEY}{torch_rank}", mine.to_json())
+    names = [f"{_KEY}{r}" for r in range(world_size)]
+    store.wait(names, timedelta(seconds=_WAIT_S))
+    keys = []
+    for r, name in enumerate(names):
+        try:
+            keys.append(InfraKey.from_json(store.get(name)))
+        except ValueError as exc:
+            # A value nobody of this job wrote: that node keeps torch's order.
+            logger.warning("ignoring the group rank key of rendezvous rank %d: %s", r, exc)
+            keys.append(InfraKey(2, r))
+    return keys
+
+
+def align_group_ranks(handler: RendezvousHandler, env: Mapping[str, str]) -> None:
+    """Make ``handler.next_rendezvous()`` return scheduler-aligned group ranks.
+
+    Only ``rank`` changes: the store, world size and bootstrap store (the workers'
+    MASTER_ADDR/PORT, hosted by torch's rank 0) stay torch's, the same on every node.
+    """
+    original = handler.next_rendezvous
+
+    def next_rendezvous() -> RendezvousInfo:
+        info = original()
+        mine = infra_key(env, info.rank)
+        keys = _exchange(info.store, info.rank, info.world_size, mine)
+        rank = aligned_ranks(keys)[info.rank]
+        if rank != info.rank:
+            logger.info(
+                "group rank %d (from %s; the rendezvous numbered this node %d)",
+                rank,
+                ("SLURM_PROCID", "GROUP_RANK", "the rendezvous order")[mine.tier],
+                info.rank,
+            )
+        return RendezvousInfo(info.store, rank, info.world_size, info.bootstrap_store_info)  # type: ignore[arg-type]
+
+    handler.next_rendezvous = next_rendezvous  # type: ignore[method-assign]

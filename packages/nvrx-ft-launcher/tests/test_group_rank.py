@@ -1,0 +1,94 @@
+"""Scheduler-aligned group ranks: the order function, the key format, the store exchange."""
+
+from __future__ import annotations
+
+import datetime
+import threading
+
+import pytest
+from torch._C._distributed_c10d import TCPStore
+
+from nvrx.launcher._group_rank import InfraKey, _exchange, aligned_ranks, infra_key
+
+
+def test_slurm_procid_wins_over_group_rank_and_torch_order() -> None:
+    env = {"SLURM_PROCID": "7", "GROUP_RANK": "2"}
+    assert infra_key(env, 0) == InfraKey(0, 7)
+    assert infra_key({"GROUP_RANK": "2"}, 0) == InfraKey(1, 2)
+    assert infra_key({}, 5) == InfraKey(2, 5)
+    # Not a plain index: ignored, the next source decides.
+    assert infra_key({"SLURM_PROCID": "x", "GROUP_RANK": "-1"}, 3) == InfraKey(2, 3)
+
+
+def test_ranks_follow_slurm_procid_in_reverse_of_the_rendezvous_order() -> None:
+    keys = [InfraKey(0, 2), InfraKey(0, 1), InfraKey(0, 0)]
+    assert aligned_ranks(keys) == [2, 1, 0]
+
+
+def test_ranks_stay_dense_when_scheduler_indices_have_gaps_and_ties() -> None:
+    # Node 1 of the allocation was replaced: indices 0, 2, 3; two launchers share 3.
+    keys = [InfraKey(0, 3), InfraKey(0, 0), InfraKey(0, 3), InfraKey(0, 2)]
+    assert aligned_ranks(keys) == [2, 0, 3, 1]
+
+
+def test_scheduled_nodes_come_before_unscheduled_ones() -> None:
+    keys = [InfraKey(2, 0), InfraKey(1, 0), InfraKey(0, 5)]
+    assert aligned_ranks(keys) == [2, 1, 0]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"tier": 0}',
+        '{"tier": 3, "index": 0}',
+        '{"tier": 0, "index": -1}',
+        "[0, 1]",
+        '{"tier": true, "index": 0}',
+        '{"tier": 0, "index": 1.5}',
+        "not json",
+    ],
+)
+def test_a_malformed_published_key_is_refused(text: str) -> None:
+    with pytest.raises(ValueError, match="infra rank key"):
+        InfraKey.from_json(text)
+
+
+def test_three_nodes_agree_over_a_real_store() -> None:
+    server = TCPStore(
+        "127.0.0.1",
+        0,
+        is_master=True,
+        wait_for_workers=False,
+        timeout=datetime.timedelta(seconds=30),
+    )
+    procids = [2, 1, 0]  # joined in reverse order of their scheduler index
+    results: dict[int, list[InfraKey]] = {}
+
+    def node(torch_rank: int) -> None:
+        store = TCPStore(
+            "127.0.0.1", server.port, is_master=False, timeout=datetime.timedelta(seconds=30)
+        )
+        mine = infra_key({"SLURM_PROCID": str(procids[torch_rank])}, torch_rank)
+        results[torch_rank] = _exchange(store, torch_rank, 3, mine)
+
+    threads = [threading.Thread(target=node, args=(r,)) for r in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert len(results) == 3
+    assert all(keys == results[0] for keys in results.values())
+    assert aligned_ranks(results[0]) == [2, 1, 0]
+
+
+def test_a_forged_key_in_the_store_falls_back_to_the_rendezvous_order() -> None:
+    server = TCPStore(
+        "127.0.0.1",
+        0,
+        is_master=True,
+        wait_for_workers=False,
+        timeout=datetime.timedelta(seconds=30),
+    )
+    server.set("nvrx.launcher/infra_rank/1", '{"tier": 0, "index": "0; rm -rf"}')
+    keys = _exchange(server, 0, 2, InfraKey(0, 4))
+    assert keys == [InfraKey(0, 4), InfraKey(2, 1)]

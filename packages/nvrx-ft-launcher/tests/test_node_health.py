@@ -1,0 +1,185 @@
+"""Node health checks before the rendezvous: each check on real files and processes."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import sys
+import types
+from typing import Any
+
+import pytest
+
+from nvrx.launcher._node_health import (
+    HealthFailure,
+    HealthSettings,
+    NicCheck,
+    NodeHealthChecker,
+    check_command,
+    check_gpus,
+    check_storage,
+)
+
+
+def _fake_ib(root: pathlib.Path, ports: dict[str, tuple[str, int]]) -> tuple[str, str]:
+    for nic, (state, downed) in ports.items():
+        port = root / nic / "ports" / "1"
+        (port / "counters").mkdir(parents=True)
+        (port / "state").write_text(state + "\n")
+        (port / "counters" / "link_downed").write_text(f"{downed}\n")
+    return (
+        str(root / "{nic}" / "ports" / "1" / "state"),
+        str(root / "{nic}" / "ports" / "1" / "counters" / "link_downed"),
+    )
+
+
+def test_nic_ports_active_and_steady_are_healthy(tmp_path: pathlib.Path) -> None:
+    state, down = _fake_ib(tmp_path, {"mlx5_0": ("4: ACTIVE", 0), "mlx5_1": ("4: ACTIVE", 3)})
+    check = NicCheck(state, down)
+    assert check.check() == ([], None)
+    assert check.check() == ([], None)
+
+
+def test_a_nic_port_down_fails_naming_it(tmp_path: pathlib.Path) -> None:
+    state, down = _fake_ib(tmp_path, {"mlx5_0": ("4: ACTIVE", 0), "mlx5_1": ("1: DOWN", 0)})
+    failures, skipped = NicCheck(state, down).check()
+    assert skipped is None
+    assert failures == [HealthFailure("nic", "mlx5_1 port state is 1: DOWN")]
+
+
+def test_a_grown_link_downed_counter_fails_at_the_next_check(tmp_path: pathlib.Path) -> None:
+    state, down = _fake_ib(tmp_path, {"mlx5_0": ("4: ACTIVE", 2)})
+    check = NicCheck(state, down)
+    assert check.check() == ([], None)  # the first check only takes the baseline
+    (tmp_path / "mlx5_0/ports/1/counters/link_downed").write_text("5\n")
+    failures, _ = check.check()
+    assert failures == [HealthFailure("nic", "mlx5_0 link went down 3 time(s)")]
+
+
+def test_no_nic_is_a_skip_not_a_failure(tmp_path: pathlib.Path) -> None:
+    failures, skipped = NicCheck(str(tmp_path / "{nic}/ports/1/state"), None).check()
+    assert failures == []
+    assert skipped is not None
+    assert "no NIC matches" in skipped
+
+
+def test_storage_writable_passes_and_leaves_nothing(tmp_path: pathlib.Path) -> None:
+    assert check_storage([str(tmp_path)]) == []
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_storage_missing_or_read_only_fails(tmp_path: pathlib.Path) -> None:
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    try:
+        failures = check_storage([str(tmp_path / "absent"), str(ro)])
+    finally:
+        ro.chmod(0o755)
+    assert failures[0] == HealthFailure("storage", f"{tmp_path / 'absent'} does not exist")
+    if os.geteuid() != 0:  # root writes anywhere
+        assert failures[1].check == "storage"
+        assert "not writable" in failures[1].reason
+    else:
+        assert len(failures) == 1
+
+
+def test_storage_that_hangs_fails_within_the_timeout(tmp_path: pathlib.Path) -> None:
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    # A FIFO's directory is writable; make the probe hang instead: opening a FIFO
+    # for writing blocks until a reader comes, as a hung mount would.
+    import nvrx.launcher._node_health as health
+
+    original = health._probe_storage
+
+    def hanging(path: str) -> str | None:
+        with open(fifo, "wb"):
+            return original(path)
+
+    health._probe_storage = hanging
+    try:
+        failures = check_storage([str(tmp_path)], timeout=0.3)
+    finally:
+        health._probe_storage = original
+        with open(fifo, "rb"):  # release the probe thread
+            pass
+    assert failures == [HealthFailure("storage", f"{tmp_path} did not answer within 0.3 s")]
+
+
+def test_user_command_exit_code_and_last_line_are_the_reason() -> None:
+    assert check_command(f"{sys.executable} -c pass") == []
+    script = "import sys; print('checking'); print('ECC errors: 12'); sys.exit(4)"
+    (failure,) = check_command(f'{sys.executable} -c "{script}"')
+    assert failure.check == "command"
+    assert "exited 4: ECC errors: 12" in failure.reason
+
+
+def test_user_command_timeout_and_missing_program() -> None:
+    (slow,) = check_command(f"{sys.executable} -c 'import time; time.sleep(30)'", timeout=0.5)
+    assert "did not finish within 0.5 s" in slow.reason
+    (missing,) = check_command("/nonexistent/health-check --all")
+    assert "could not start" in missing.reason
+
+
+class _FakeNvml(types.SimpleNamespace):
+    """NVML's API shape with two GPUs; GPU 1 asks for a reset."""
+
+    NVML_FI_DEV_GET_GPU_RECOVERY_ACTION = 1
+    NVML_SUCCESS = 0
+    NVML_GPU_RECOVERY_ACTION_NONE = 0
+    NVML_GPU_RECOVERY_ACTION_GPU_RESET = 1
+
+    def nvmlInit(self) -> None:
+        pass
+
+    def nvmlShutdown(self) -> None:
+        self.shut = True
+
+    def nvmlDeviceGetCount(self) -> int:
+        return 2
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:
+        return index
+
+    def nvmlDeviceGetFieldValues(self, handle: int, fields: list[int]) -> list[Any]:
+        value = types.SimpleNamespace(uiVal=handle)
+        return [types.SimpleNamespace(nvmlReturn=0, value=value)]
+
+
+def test_gpu_check_names_the_gpu_and_its_recovery_action() -> None:
+    nvml = _FakeNvml()
+    failures, skipped = check_gpus(lambda: nvml)
+    assert skipped is None
+    assert nvml.shut
+    assert failures == [HealthFailure("gpu", "GPU 1 needs recovery action GPU_RESET")]
+
+
+def test_gpu_check_is_skipped_once_without_nvml(caplog: pytest.LogCaptureFixture) -> None:
+    def no_nvml() -> Any:
+        raise ImportError("No module named 'pynvml'")
+
+    checker = NodeHealthChecker(HealthSettings(gpu=True), load_nvml=no_nvml)
+    with caplog.at_level("INFO", logger="nvrx.launcher"):
+        first, second = checker.check(), checker.check()
+    assert first.healthy
+    assert second.healthy
+    assert first.skipped == ("gpu: NVML is not available (No module named 'pynvml')",)
+    said = [r.getMessage() for r in caplog.records if "skipped" in r.getMessage()]
+    assert said == ["health check skipped: gpu: NVML is not available (No module named 'pynvml')"]
+
+
+def test_all_failures_are_gathered_with_their_reasons(tmp_path: pathlib.Path) -> None:
+    state, down = _fake_ib(tmp_path / "ib", {"mlx5_0": ("1: DOWN", 0)})
+    settings = HealthSettings(
+        gpu=False,
+        nic=True,
+        link_state_path_template=state,
+        link_down_path_template=down,
+        storage_paths=(str(tmp_path / "absent"),),
+        command=f"{sys.executable} -c 'exit(1)'",
+    )
+    health = NodeHealthChecker(settings).check()
+    assert not health.healthy
+    assert [f.check for f in health.failures] == ["nic", "storage", "command"]
+    assert health.reason.startswith("nic: mlx5_0 port state is 1: DOWN; storage: ")
