@@ -701,9 +701,14 @@ FIELDS: tuple[Field, ...] = (
 
 # --------------------------------------------------------------------------- flags
 
-_LOGS = "no per-cycle log files or log aggregation; use --log-dir/--tee and --ft-journal"
+_LOGS = (
+    "no gRPC log aggregation or consolidated log file; --ft-per-cycle-applog-prefix writes "
+    "per-rank files per cycle, --ft-journal the launcher's events"
+)
 _ATTRIBUTION = "no client for NVRx's failure attribution service"
-_PRE_RDZV = "no health checks before the rendezvous"
+_ENDPOINT = (
+    "no gRPC client for a node health service; run its check with --ft-node-health-check-cmd"
+)
 
 
 def _both(*names: str) -> tuple[str, ...]:
@@ -893,15 +898,26 @@ FLAGS: tuple[Flag, ...] = (
     ),
     Flag(
         _both("ft-use-infra-group-rank"),
-        None,
-        Status.ACCEPTED,
+        "--ft-use-infra-group-rank",
+        Status.SAME,
         "on (0.7)",
-        "group ranks come from the rendezvous (node order)",
+        "always on: group ranks follow SLURM_PROCID, then GROUP_RANK, then the rendezvous "
+        "order; false is logged as having no effect (as in 0.7)",
+        "true",
+    ),
+    Flag(
+        _both("ft-per-cycle-applog-prefix"),
+        "--ft-per-cycle-applog-prefix",
+        Status.DIFFERENT,
+        "off",
+        "<stem>_cycle<N>_rank<R>_stdout<ext> and _stderr<ext>, written by each rank itself "
+        "(torch's redirects: nothing lost when the launcher is killed); NVRx writes one "
+        "rank-prefixed <stem>_cycle<N><ext> through launcher pipes",
+        "/tmp/job.log",
     ),
     Flag(
         _both(
             "ft-base-logfile",
-            "ft-per-cycle-applog-prefix",
             "ft-nvrx-logfile",
             "ft-enable-log-server",
             "ft-log-server-port",
@@ -936,21 +952,42 @@ FLAGS: tuple[Flag, ...] = (
     ),
     Flag(
         _both("ft-cycle-info-dir", "ft-cycle-info-job-id"),
-        None,
-        Status.ACCEPTED,
+        "--ft-cycle-info-job-id",
+        Status.SAME,
         "off",
-        "--ft-cycle-log appends one JSON line per cycle instead",
+        "cycle_info.<job>.<attempt>.<cycle> and the cycle_info.<job>.current link, written "
+        "by group rank 0 at each cycle's start and end; ranks get NVRX_CURRENT_CYCLE_INFO",
+        "1234",
     ),
     Flag(
-        _both(
-            "ft-node-health-check-endpoint",
-            "ft-storage-health-check-path",
-            "ft-segment-health-check-dir",
-        ),
+        _both("ft-storage-health-check-path"),
+        "--ft-storage-healthcheck-path",
+        Status.SAME,
+        "off",
+        "both spellings: each comma-separated path must take a small file within 30 s "
+        "before each rendezvous",
+        "/tmp",
+    ),
+    Flag(
+        _both("ft-node-health-check-endpoint"),
         None,
         Status.ACCEPTED,
         "off",
-        _PRE_RDZV,
+        _ENDPOINT,
+    ),
+    Flag(
+        _both("ft-segment-health-check-dir"),
+        None,
+        Status.ACCEPTED,
+        "off",
+        "no NVLink-domain segments here",
+    ),
+    Flag(
+        ("--ft-node-health-check-cmd", "--ft-node_health_check_cmd"),
+        "--ft-node-health-check-cmd",
+        Status.ADDED,
+        "",
+        "a command run before each rendezvous; non-zero takes the node out of the job (exit 3)",
     ),
     Flag(
         ("--ft-cycle-log", "--ft-cycle_log"),

@@ -51,11 +51,20 @@ def _spellings(name: str) -> tuple[str, ...]:
 
 
 _LOGS = (
-    "ft_launcher has no per-cycle log files or gRPC log funnel; use torchrun's "
+    "ft_launcher has no gRPC log funnel or consolidated log file; use "
+    "--ft-per-cycle-applog-prefix (per-rank files per cycle) or torchrun's "
     "--log-dir/--redirects/--tee for rank logs and --ft-journal for launcher events"
 )
 _ATTRIBUTION = "ft_launcher has no client for NVRx's failure attribution service"
-_PRE_RDZV = "ft_launcher runs no health checks before the rendezvous"
+_ENDPOINT = (
+    "ft_launcher has no gRPC client for a node health service (nvhcd); run the service's "
+    "own check with --ft-node-health-check-cmd instead"
+)
+_STORAGE = (
+    "ft_launcher does not query Lustre/NFS health; storage_healthcheck_path "
+    "(--ft-storage-healthcheck-path) checks that given paths are reachable and writable"
+)
+_SEGMENTS = "ft_launcher has no NVLink-domain segments (no segment health decisions)"
 
 #: Every NVRx 0.7 launcher option without a counterpart here (FT config fields excluded).
 NVRX_ONLY_OPTIONS: tuple[NvrxOnlyOption, ...] = (
@@ -72,13 +81,7 @@ NVRX_ONLY_OPTIONS: tuple[NvrxOnlyOption, ...] = (
         "kept in its store; NVRx's barrier/legacy implementations are not used",
         choices=("barrier", "legacy"),
     ),
-    NvrxOnlyOption(
-        _spellings("ft-use-infra-group-rank"),
-        "group ranks come from torch's rendezvous (node order), not from SLURM_PROCID",
-        nargs="?",
-    ),
     NvrxOnlyOption(_spellings("ft-base-logfile"), _LOGS),
-    NvrxOnlyOption(_spellings("ft-per-cycle-applog-prefix"), _LOGS),
     NvrxOnlyOption(_spellings("ft-nvrx-logfile"), _LOGS),
     NvrxOnlyOption(_spellings("ft-enable-log-server"), _LOGS, nargs="?"),
     NvrxOnlyOption(_spellings("ft-log-server-port"), _LOGS),
@@ -103,30 +106,20 @@ NVRX_ONLY_OPTIONS: tuple[NvrxOnlyOption, ...] = (
         choices=("log", "no-restart"),
         same_as_ours=frozenset({"log"}),
     ),
-    NvrxOnlyOption(
-        _spellings("ft-cycle-info-dir"),
-        "ft_launcher writes no cycle_info files; --ft-cycle-log appends one JSON line per cycle",
-    ),
-    NvrxOnlyOption(
-        _spellings("ft-cycle-info-job-id"),
-        "ft_launcher writes no cycle_info files; --ft-cycle-log appends one JSON line per cycle",
-    ),
-    NvrxOnlyOption(_spellings("ft-node-health-check-endpoint"), _PRE_RDZV),
-    NvrxOnlyOption(_spellings("ft-enable-dist-storage-healthcheck"), _PRE_RDZV, nargs="?"),
+    # NVRx's underscore spellings of FT config options that act here: aliases only.
+    NvrxOnlyOption(_spellings("ft-cycle-info-dir"), "an alias", alias_of="--ft-cycle-info-dir"),
+    NvrxOnlyOption(_spellings("ft-numa-bind-strict"), "an alias", alias_of="--ft-numa-bind-strict"),
+    NvrxOnlyOption(_spellings("ft-node-health-check-endpoint"), _ENDPOINT),
+    NvrxOnlyOption(_spellings("ft-enable-dist-storage-healthcheck"), _STORAGE, nargs="?"),
     NvrxOnlyOption(
         _spellings("ft-storage-health-check-path"),
-        _PRE_RDZV,
+        _STORAGE,
         alias_of="--ft-storage-healthcheck-path",
     ),
-    NvrxOnlyOption(_spellings("ft-segment-health-check-dir"), _PRE_RDZV),
+    NvrxOnlyOption(_spellings("ft-segment-health-check-dir"), _SEGMENTS),
     NvrxOnlyOption(
         _spellings("ft-segment"),
         "ft_launcher assigns ranks by node order; there are no NVLink-domain segments",
-    ),
-    NvrxOnlyOption(
-        _spellings("ft-numa-bind-strict"),
-        "ft_launcher does no NVRX_GPUS_PER_NUMA binding; use torchrun's --numa-binding",
-        nargs="?",
     ),
 )
 
@@ -134,7 +127,6 @@ NVRX_ONLY_OPTIONS: tuple[NvrxOnlyOption, ...] = (
 NVRX_ONLY_ENV: dict[str, str] = {
     "NVRX_DISABLE_RANK_MONITORS": "ft_launcher always runs a monitor per rank (it supervises "
     "them and they cost next to nothing); run torchrun for a job without monitoring",
-    "NVRX_GPUS_PER_NUMA": "ft_launcher does no numactl binding; use torchrun's --numa-binding",
     "NVRX_ENABLE_MULTI_LAUNCHERS_PER_NODE": "ft_launcher does not limit launchers per node",
 }
 

@@ -21,6 +21,8 @@ import logging
 import math
 import os
 import re
+import shlex
+import shutil
 import sys
 import uuid
 from collections.abc import Callable, Sequence
@@ -39,6 +41,9 @@ from ._validation import (
 from .exit_codes import ExitCode, exit_codes_table
 
 if TYPE_CHECKING:
+    from torch.distributed.launcher.api import LaunchConfig
+
+    from ._cluster import ClusterOptions
     from ._launch import LaunchOptions
 
 __all__ = ["add_launcher_options", "get_parser", "main"]
@@ -371,6 +376,102 @@ def _add_restart_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _health_command(text: str) -> str:
+    """An argparse type: a command line whose program exists (run without a shell)."""
+    try:
+        argv = shlex.split(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"invalid value {text!r}: {exc}") from None
+    if not argv:
+        raise argparse.ArgumentTypeError(f"invalid value {text!r}: expected a command")
+    if shutil.which(argv[0]) is None:
+        raise argparse.ArgumentTypeError(
+            f"invalid value {text!r}: {argv[0]!r} is not an executable program"
+        )
+    return text
+
+
+def _applog_prefix(text: str) -> str:
+    """An argparse type: NVRx's absolute prefix of the per-cycle application logs."""
+    from ._app_logs import check_prefix
+
+    why = check_prefix(text)
+    if why is not None:
+        raise argparse.ArgumentTypeError(f"invalid value {text!r}: {why}")
+    return text
+
+
+def _job_id(text: str) -> str:
+    """An argparse type: a job id for the cycle-info file (printable, at most 255 chars)."""
+    if not text or len(text) > 255 or not text.isprintable():
+        raise argparse.ArgumentTypeError(
+            f"invalid value {text!r}: expected 1 to 255 printable characters"
+        )
+    return text
+
+
+def _flag_value(text: str) -> bool:
+    word = text.strip().lower()
+    if word in ("1", "true", "yes", "on"):
+        return True
+    if word in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"invalid value {text!r}: expected true or false")
+
+
+def _add_cluster_options(parser: argparse.ArgumentParser) -> None:
+    cluster = parser.add_argument_group(
+        "cluster features",
+        "Checks before each rendezvous, per-cycle records and logs. The health checks "
+        "also read the FT config: enable_gpu_monitor (NVML), enable_nic_healthcheck with "
+        "link_state_path_template/link_down_path_template, storage_healthcheck_path; the "
+        "GPU memory wait before a restart reads gpu_memory_reclaim_timeout, "
+        "gpu_memory_tolerance_mb, gpu_memory_poll_interval, check_remaining_processes; "
+        "NUMA binding is on when NVRX_GPUS_PER_NUMA is set (numa_bind_strict).",
+    )
+    cluster.add_argument(
+        "--ft-node-health-check-cmd",
+        "--ft-node_health_check_cmd",
+        dest="ft_node_health_check_cmd",
+        type=_health_command,
+        default=None,
+        help="a command run (without a shell) before each rendezvous; a non-zero exit, or "
+        "no exit within 60 s, takes this node out of the job (exit code 3) with the "
+        "command's last output line as the reason (default: none)",
+    )
+    cluster.add_argument(
+        "--ft-per-cycle-applog-prefix",
+        "--ft_per_cycle_applog_prefix",
+        dest="ft_per_cycle_applog_prefix",
+        type=_applog_prefix,
+        default=None,
+        help="absolute path, e.g. /logs/job.log: every rank's output of cycle N goes to "
+        "/logs/job_cycleN_rankR_stdout.log and _stderr.log, written by the rank itself "
+        "(nothing is lost when the launcher is stopped); --tee still copies them to the "
+        "console (default: torchrun's --redirects)",
+    )
+    cluster.add_argument(
+        "--ft-cycle-info-job-id",
+        "--ft_cycle_info_job_id",
+        dest="ft_cycle_info_job_id",
+        type=_job_id,
+        default=None,
+        help="the job id in --ft-cycle-info-dir's files (default: SLURM_ARRAY_JOB_ID, else "
+        "SLURM_JOB_ID, else none)",
+    )
+    cluster.add_argument(
+        "--ft-use-infra-group-rank",
+        "--ft-use_infra_group_rank",
+        "--ft_use_infra_group_rank",
+        dest="ft_use_infra_group_rank",
+        type=_flag_value,
+        nargs="?",
+        const=True,
+        default=None,
+        help=argparse.SUPPRESS,  # NVRx 0.5's flag; always on since 0.7, as here
+    )
+
+
 def add_launcher_options(parser: argparse.ArgumentParser) -> None:
     """Add every option ft_launcher adds to torchrun's (needs no torch import).
 
@@ -379,6 +480,7 @@ def add_launcher_options(parser: argparse.ArgumentParser) -> None:
     """
     before = set(map(id, parser._actions))
     _add_restart_options(parser)
+    _add_cluster_options(parser)
     ft = parser.add_argument_group(
         "fault tolerance",
         "Rank monitor settings (nvrx.ft.FaultToleranceConfig). A YAML file given with "
@@ -510,6 +612,7 @@ def _options(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Launc
     except Exception as exc:  # torch raises ValueError, RuntimeError, AssertionError, ...
         parser.error(f"{exc or type(exc).__name__}")
     assert isinstance(cmd, str)
+    _cluster_settings(args, ft_cfg, parser, config)
     return LaunchOptions(
         config=config,
         command=[cmd, *cmd_args],
@@ -530,6 +633,39 @@ def _options(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Launc
         journal=args.ft_journal
         or (os.path.join(args.log_dir, "ft_launcher_events.jsonl") if args.log_dir else None),
     )
+
+
+def _cluster_settings(
+    args: argparse.Namespace,
+    cfg: FaultToleranceConfig,
+    parser: argparse.ArgumentParser,
+    config: LaunchConfig,
+) -> ClusterOptions:
+    """The cluster features' settings; per-cycle logs replace torch's log layout."""
+    from ._cluster import cluster_options
+
+    try:
+        cluster = cluster_options(args, cfg)
+    except ValueError as exc:
+        parser.error(str(exc))
+    if args.ft_use_infra_group_rank is False:
+        logger.warning(
+            "--ft-use-infra-group-rank false has no effect: group ranks always follow "
+            "SLURM_PROCID, then GROUP_RANK, then the rendezvous order (as in NVRx 0.7)"
+        )
+    if cluster.applog_prefix is not None:
+        from torch.distributed.elastic.multiprocessing import Std
+
+        from ._app_logs import PerCycleLogsSpecs
+
+        filtered = getattr(args, "local_ranks_filter", "") or ""
+        config.logs_specs = PerCycleLogsSpecs(
+            cluster.applog_prefix,
+            log_dir=args.log_dir,
+            tee=Std.from_str(args.tee),
+            local_ranks_filter={int(r) for r in filtered.split(",")} if filtered else None,
+        )
+    return cluster
 
 
 def _progress_rule_from_config(args: argparse.Namespace, cfg: FaultToleranceConfig) -> None:
