@@ -10,7 +10,7 @@ import pytest
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 
-from launcher_testkit import FAST_FT, Launcher  # type: ignore[import-not-found]  # noqa: E402
+from launcher_testkit import FAST_FT, Launcher  # type: ignore[import-not-found]
 
 SCRIPT = pathlib.Path(__file__).with_name("exception_hook_script.py")
 
