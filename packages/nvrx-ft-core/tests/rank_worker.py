@@ -2,7 +2,8 @@
 
 Each step is ``[name, *args]``: init [WARMUP_ITERS], hb, open NAME, try_open NAME, close NAME,
 steps N SECONDS, fork_init, nondaemon_thread, raise, close_all, sleep S,
-beat_for S INTERVAL, ignore_sigterm, say TEXT, hang, stop_self, shutdown, calc_hb,
+beat_for S INTERVAL, ignore_sigterm, say TEXT, say_wall TEXT, hang, spin, stop_self, shutdown,
+calc_hb,
 calc_sections, load_state JSON, print_state, dist_init, dist_barrier,
 spawn_child, fork_sleeper, train STEPS SECONDS, control ACTION,
 exit CODE. Markers go to stdout; the stack dump to stderr.
@@ -83,6 +84,11 @@ def main() -> int:
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
         elif name == "say":
             print(args[0], flush=True)
+        elif name == "say_wall":  # TEXT and the wall time now
+            print(f"{args[0]} {time.time():.6f}", flush=True)
+        elif name == "spin":  # busy forever: state R
+            while True:
+                pass
         elif name == "hang":
             while True:
                 time.sleep(1)

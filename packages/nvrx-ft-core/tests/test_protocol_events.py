@@ -109,6 +109,33 @@ def test_event_round_trip() -> None:
     )
 
 
+def test_first_step_and_process_state_round_trip() -> None:
+    first = MonitorEvent(
+        event="rank_first_step",
+        local_rank=1,
+        rank=9,
+        pid=1234,
+        step_wall=1_764_590_000,
+        since_init_s=0,
+        via="section",
+    )
+    back = parse_monitor_event(first.to_bytes())
+    assert back == first
+    assert isinstance(back.step_wall, float)
+    assert isinstance(back.since_init_s, float)
+    for state in "RSDTtZ":
+        hung = MonitorEvent(
+            event="rank_terminated",
+            local_rank=0,
+            rank=0,
+            pid=1,
+            cause="heartbeat_timeout",
+            message="m",
+            proc_state=state,
+        )
+        assert parse_monitor_event(hung.to_bytes()).proc_state == state
+
+
 @pytest.mark.parametrize(
     "body",
     [
@@ -123,6 +150,25 @@ def test_event_round_trip() -> None:
         b'{"v": 1, "event": "workload_control", "local_rank": 0, "rank": 0, "pid": 1,'
         b' "action": "Reboot", "description": "d"}',
         b"x" * 20000,
+        *(
+            b'{"v": 1, "event": "rank_first_step", "local_rank": 0, "rank": 0, "pid": 1, ' + tail
+            for tail in [
+                b'"step_wall": 1.0, "since_init_s": 0.5}',
+                b'"step_wall": 1.0, "since_init_s": 0.5, "via": "magic"}',
+                b'"step_wall": true, "since_init_s": 0.5, "via": "heartbeat"}',
+                b'"step_wall": -1.0, "since_init_s": 0.5, "via": "heartbeat"}',
+                b'"step_wall": 1e300, "since_init_s": 0.5, "via": "heartbeat"}',
+                b'"step_wall": 1.0, "since_init_s": -0.5, "via": "section"}',
+                b'"step_wall": 1.0, "via": "section"}',
+                b'"step_wall": 1.0, "since_init_s": 0.5, "via": "section", "cause": "x"}',
+            ]
+        ),
+        b'{"v": 1, "event": "rank_terminated", "local_rank": 0, "rank": 0, "pid": 1,'
+        b' "cause": "heartbeat_timeout", "message": "m", "proc_state": "Q"}',
+        b'{"v": 1, "event": "rank_terminated", "local_rank": 0, "rank": 0, "pid": 1,'
+        b' "cause": "heartbeat_timeout", "message": "m", "proc_state": "TT"}',
+        b'{"v": 1, "event": "rank_connected", "local_rank": 0, "rank": 0, "pid": 1,'
+        b' "proc_state": "T"}',
     ],
 )
 def test_bad_events_are_rejected(body: bytes) -> None:

@@ -21,7 +21,9 @@ __all__ = [
     "EVENT_CAUSES",
     "EVENT_KINDS",
     "EVENT_VERSION",
+    "FIRST_STEP_VIA",
     "MAX_EVENT_BYTES",
+    "PROC_STATES",
     "EventSender",
     "MonitorEvent",
     "parse_monitor_event",
@@ -29,7 +31,13 @@ __all__ = [
 
 EVENT_VERSION = 1
 EVENT_KINDS = frozenset(
-    {"rank_connected", "rank_disconnected", "rank_terminated", "workload_control"}
+    {
+        "rank_connected",
+        "rank_disconnected",
+        "rank_first_step",
+        "rank_terminated",
+        "workload_control",
+    }
 )
 EVENT_CAUSES = frozenset(
     {
@@ -47,11 +55,22 @@ _ACTIONS = frozenset({"Continue", "ExcludeThisNode", "ShutdownWorkload"})
 MAX_EVENT_BYTES = 16 * 1024
 _NUMBERS = ("observed_s", "limit_s", "last_activity_s", "last_activity_wall", "last_heartbeat_s")
 _MAX_OPEN_SECTIONS = 64
+#: The scheduler states /proc/<pid>/stat reports (Linux 2.6+, with the historical ones).
+PROC_STATES = frozenset("RSDTtZXxKWPI")
+#: How rank_first_step saw the first iteration end.
+FIRST_STEP_VIA = frozenset({"heartbeat", "section"})
+#: Latest wall time accepted (year 2242): a larger value is garbage, not a time.
+_MAX_WALL = float(2**33)
 
 
 @dataclasses.dataclass(frozen=True)
 class MonitorEvent:
-    """One event from a rank monitor. Fields beyond the common five depend on ``event``."""
+    """One event from a rank monitor. Fields beyond the common five depend on ``event``.
+
+    ``rank_first_step`` is sent once per rank init, when the rank finished its first
+    iteration (``step_wall``, ``since_init_s``, ``via``); ``rank_terminated`` carries the
+    cause and the hang evidence.
+    """
 
     event: str
     local_rank: int
@@ -76,6 +95,17 @@ class MonitorEvent:
     open_sections: tuple[str, ...] | None = None
     #: where the rank's training thread was, from its stack dump (None: no dump read).
     stack: StackSummary | None = None
+    #: the rank's state letter in /proc/<pid>/stat just before the monitor signalled it:
+    #: "T" stopped (SIGSTOP: not waiting on anyone), "D" in uninterruptible I/O, "S"
+    #: sleeping (waiting, e.g. in a collective), "R" running. None: not read.
+    proc_state: str | None = None
+    # rank_first_step (additive within v1):
+    #: wall time (seconds since the epoch) the rank finished its first iteration after init.
+    step_wall: float | None = None
+    #: seconds from the rank's init_workload_monitoring to that moment.
+    since_init_s: float | None = None
+    #: what showed it: "heartbeat" (the first heartbeat) or "section" (the first ``step`` end).
+    via: str | None = None
 
     def to_bytes(self) -> bytes:
         """The datagram for this event (``None`` fields left out)."""
@@ -116,6 +146,9 @@ def parse_monitor_event(data: bytes) -> MonitorEvent:
     allowed = {"v", "event", "local_rank", "rank", "pid"}
     if kind == "rank_terminated":
         allowed |= {"cause", "section", "message", *_NUMBERS, "open_sections", "stack"}
+        allowed.add("proc_state")
+        state = body.get("proc_state")
+        _require(state is None or state in PROC_STATES, f"proc_state={state!r} is not a state")
         _require(body.get("cause") in EVENT_CAUSES, f"unknown cause {body.get('cause')!r}")
         _require(isinstance(body.get("message"), str), "message is not a string")
         _require(body.get("section") is None or isinstance(body["section"], str), "bad section")
@@ -140,6 +173,18 @@ def parse_monitor_event(data: bytes) -> MonitorEvent:
             ),
             f"open_sections={sections!r} is not a list of names",
         )
+    elif kind == "rank_first_step":
+        allowed |= {"step_wall", "since_init_s", "via"}
+        _require(body.get("via") in FIRST_STEP_VIA, f"via={body.get('via')!r} is not known")
+        for key, high in (("step_wall", _MAX_WALL), ("since_init_s", _MAX_WALL)):
+            value = body.get(key)
+            _require(
+                isinstance(value, (int, float))
+                and not isinstance(value, bool)
+                and math.isfinite(value)
+                and 0 <= value <= high,
+                f"{key}={value!r} is not a time",
+            )
     elif kind == "workload_control":
         allowed |= {"action", "description"}
         _require(body.get("action") in _ACTIONS, f"unknown action {body.get('action')!r}")
@@ -147,7 +192,7 @@ def parse_monitor_event(data: bytes) -> MonitorEvent:
     extra = sorted(set(body) - allowed)
     _require(not extra, f"unexpected fields {extra} for {kind}")
     fields: dict[str, Any] = dict(body)
-    for key in _NUMBERS:
+    for key in (*_NUMBERS, "step_wall", "since_init_s"):
         if fields.get(key) is not None:
             fields[key] = float(fields[key])
     if fields.get("open_sections") is not None:

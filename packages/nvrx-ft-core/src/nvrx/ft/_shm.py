@@ -15,8 +15,9 @@ Slots:
 - ``WARMUP_STEPS``: how many ``step`` sections are warmup steps (the monitor writes the
   configured ``num_warmup_iterations``; the rank overwrites it with
   ``init_workload_monitoring(num_warmup_iters=...)``).
-- ``STEPS_STARTED``: ``step`` sections opened so far, counted up to ``WARMUP_STEPS + 1``
-  (incremented before the step's open time is stored).
+- ``STEPS_STARTED``: ``step`` sections opened so far, counted up to ``WARMUP_STEPS + 2``
+  (incremented before the step's open time is stored): ``WARMUP_STEPS + 1`` says warmup
+  is over, 2 (or 1 with ``step`` closed) that the first step ended.
 - ``SECTION_BASE + i``: when section ``i`` (in the order the monitor sent) was opened,
   0 while closed.
 
@@ -118,7 +119,7 @@ class SharedBlock:
         last_hb = s[LAST_HB_NS]
         used = bool(s[SECTIONS_USED])
         warmup = min(max(s[WARMUP_STEPS], 0), _MAX_WARMUP_STEPS)
-        steps = min(max(s[STEPS_STARTED], 0), _MAX_WARMUP_STEPS + 1)
+        steps = min(max(s[STEPS_STARTED], 0), _MAX_WARMUP_STEPS + 2)
         values = [s[SECTION_BASE + i] for i in range(len(sections))]  # each slot read once
         opened = tuple((name, t) for name, t in zip(sections, values, strict=True) if t)
         return RankSnapshot(last_hb, oos, used or bool(opened), opened, warmup, steps)

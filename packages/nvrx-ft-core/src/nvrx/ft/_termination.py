@@ -56,6 +56,27 @@ class RankProcess:
         except ProcessLookupError:
             pass
 
+    def state(self) -> str | None:
+        """The rank's scheduler state letter from ``/proc/<pid>/stat`` (``R``, ``S``, ``D``,
+        ``T`` stopped by a signal, ``t`` by a tracer, ``Z``...); None once it has exited or
+        when it cannot be read. Read before signalling it: SIGCONT changes ``T`` to ``R``.
+        """
+        if self.has_exited():
+            return None
+        try:
+            with open(f"/proc/{self.pid}/stat", "rb") as stream:
+                raw = stream.read(4096)
+        except OSError:
+            return None
+        # "pid (comm) S ...": comm may hold spaces and parentheses, so split at the last ")".
+        _, sep, rest = raw.rpartition(b")")
+        fields = rest.split()
+        if not sep or not fields or len(fields[0]) != 1 or not fields[0].isalpha():
+            return None
+        if self.has_exited():  # the pid may have been reused while we read
+            return None
+        return fields[0].decode("ascii")
+
     def close(self) -> None:
         """Release the pidfd."""
         if self.pidfd >= 0:

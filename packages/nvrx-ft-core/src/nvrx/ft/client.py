@@ -247,8 +247,10 @@ class RankMonitorClient:
         warmup = cfg.num_warmup_iterations if num_warmup_iters is None else num_warmup_iters
         block.slots[WARMUP_STEPS] = warmup
         step = self._section_entries.get(STEP_SECTION)
-        # Count step openings up to warmup + 1: the monitor then knows warmup is over.
-        self._warmup_left = warmup + 1 if warmup and step is not None else 0
+        # Count step openings up to warmup + 2: at warmup + 1 the monitor knows warmup is
+        # over; from 1 (and the step closed) or 2 that the first step ended (its
+        # rank_first_step event). Only the first warmup + 2 steps take this branch.
+        self._warmup_left = warmup + 2 if step is not None else 0
         self._step_slot = -1 if step is None else step[1]
         self.cfg = cfg
         self.rank = rank

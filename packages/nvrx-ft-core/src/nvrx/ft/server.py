@@ -28,7 +28,13 @@ import sys
 import time
 from typing import Any
 
-from nvrx.ft._detection import ActiveTimeouts, Violation, find_violation, next_deadline_ns
+from nvrx.ft._detection import (
+    STEP_SECTION,
+    ActiveTimeouts,
+    Violation,
+    find_violation,
+    next_deadline_ns,
+)
 from nvrx.ft._events import EventSender, MonitorEvent
 from nvrx.ft._health import HealthChecks, HealthError
 from nvrx.ft._liveness import BeatWriter, beat_age, beat_path
@@ -62,6 +68,9 @@ MAX_CONNECTIONS = 16
 MAX_PENDING_REPLY_BYTES = 256 * 1024
 #: Pause before accepting again after the process or system ran out of file descriptors.
 _ACCEPT_PAUSE_NS = _NS // 2
+#: How often the monitor looks for a rank's first step until it has seen it: the error
+#: of rank_first_step's time (the rank's hot path does nothing for it).
+_FIRST_STEP_POLL_NS = _NS // 20
 _OUT_OF_FDS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 
 
@@ -112,6 +121,8 @@ class _Watched:
     sections: tuple[str, ...]
     timeouts: ActiveTimeouts
     stack_dump: bool
+    #: True once its rank_first_step event went out (or nobody listens for events).
+    first_step_sent: bool = False
 
 
 def _hang_evidence(event: MonitorEvent, snap: RankSnapshot, init_ns: int) -> MonitorEvent:
@@ -129,6 +140,25 @@ def _hang_evidence(event: MonitorEvent, snap: RankSnapshot, init_ns: int) -> Mon
         ),
         open_sections=tuple(name for name, _ in snap.open_sections),
     )
+
+
+def _first_step(snap: RankSnapshot, init_ns: int, now_ns: int) -> tuple[int, str] | None:
+    """When (monotonic ns) and how the rank finished its first iteration, if it has.
+
+    The first heartbeat after init, or the first end of a ``step`` section (the rank
+    counts its first two ``step`` openings in ``STEPS_STARTED``), whichever came first.
+    Exact for a heartbeat seen in the poll after it; otherwise the earliest moment the
+    block proves (never later than ``now_ns``).
+    """
+    if snap.last_hb_ns > init_ns:
+        return snap.last_hb_ns, "heartbeat"
+    step_open = next((t for name, t in snap.open_sections if name == STEP_SECTION), 0)
+    if snap.steps_started >= 2 and step_open:
+        return min(step_open, now_ns), "section"  # the second step opened after the first ended
+    if snap.steps_started >= 1 and not step_open:
+        ended = snap.oos_since_ns if init_ns < snap.oos_since_ns <= now_ns else now_ns
+        return ended, "section"
+    return None
 
 
 def _peer_credentials(sock: socket.socket) -> tuple[int, int]:
@@ -327,6 +357,8 @@ class RankMonitorServer:
                     deadline = next_deadline_ns(snap, watched.timeouts, watched.init_ns)
                     if deadline is not None:
                         wake_at = min(wake_at, deadline + 1)
+                    if not watched.first_step_sent:
+                        wake_at = min(wake_at, self._check_first_step(watched, snap, now))
         if self._watched is not None:
             if now >= self._next_health_ns:
                 self._next_health_ns = now + int(self.cfg.node_health_check_interval * _NS)
@@ -343,6 +375,31 @@ class RankMonitorServer:
                 wake_at = min(wake_at, due)
         return wake_at
 
+    def _check_first_step(self, watched: _Watched, snap: RankSnapshot, now: int) -> int:
+        """Send rank_first_step once the block shows it; return when to look again."""
+        if not self._events.enabled:
+            watched.first_step_sent = True
+            return now + 3600 * _NS
+        seen = _first_step(snap, watched.init_ns, now)
+        if seen is None:
+            return now + _FIRST_STEP_POLL_NS
+        at_ns, via = seen
+        watched.first_step_sent = True
+        age_s = max(now - at_ns, 0) / _NS
+        self._events.send(
+            MonitorEvent(
+                event="rank_first_step",
+                local_rank=self.local_rank,
+                rank=watched.rank,
+                pid=watched.proc.pid,
+                step_wall=round(time.time() - age_s, 6),
+                since_init_s=round(max(at_ns - watched.init_ns, 0) / _NS, 6),
+                via=via,
+            )
+        )
+        self.logger.debug("rank %d finished its first step (%s)", watched.rank, via)
+        return now + 3600 * _NS
+
     def _check_health(self) -> None:
         if self._health is None:
             self._health = HealthChecks(self.cfg, self.local_rank, self.logger)
@@ -357,6 +414,7 @@ class RankMonitorServer:
         watched = self._watched
         assert watched is not None
         message = detail or violation.message
+        proc_state = watched.proc.state()  # before any signal: SIGCONT turns a 'T' into 'R'
         self.logger.error(
             "terminating rank %d (pid %d): %s", watched.rank, watched.proc.pid, message
         )
@@ -371,6 +429,7 @@ class RankMonitorServer:
                 observed_s=None if detail else round(violation.observed_s, 6),
                 limit_s=None if detail else round(violation.limit_s, 6),
                 message=message,
+                proc_state=proc_state,
             ),
             watched.block.snapshot(watched.sections),
             watched.init_ns,
