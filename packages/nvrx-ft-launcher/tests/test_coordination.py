@@ -293,3 +293,52 @@ def test_progress_fifo_is_refused_and_never_blocks(tmp_path: pathlib.Path) -> No
         check_progress_file(tmp_path)
     check_progress_file(tmp_path / "missing")  # the training creates it later
     assert read_progress(fifo) is None  # returns at once, no writer needed
+
+
+def test_a_forged_claim_or_a_dead_claimer_does_not_end_the_job() -> None:
+    """Someone without the key bumps the claim (or the claimer dies before publishing):
+    the waiters each publish a signed decision with compare-and-set, the first stays, and
+    every node follows that one."""
+    store = TCPStore(
+        "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(10)
+    )
+    peer = TCPStore("127.0.0.1", store.port, is_master=False)
+    raw = PrefixStore("nvrx.launcher.job", TCPStore("127.0.0.1", store.port, is_master=False))
+    assert raw.add("cycle/0/claim", 1) == 1  # the forger (no key needed)
+    raw.set("cycle/0/decision", _envelope(_stop_body(0), None))  # and an unsigned stop
+    a = JobCoordinator(store, "job", "a", key=KEY)
+    b = JobCoordinator(peer, "job", "b", key=KEY)
+    results: dict[str, Decision] = {}
+    wait = datetime.timedelta(seconds=0.5)
+
+    def follow(coordinator: JobCoordinator) -> None:
+        make = _restart(coordinator.node)
+        results[coordinator.node] = coordinator.decide(0, make, wait)  # type: ignore[arg-type]
+
+    threads = [threading.Thread(target=follow, args=(c,)) for c in (a, b)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(20)
+    assert set(results) == {"a", "b"}, "a waiter ended with an error"
+    assert results["a"] == results["b"]
+    assert results["a"].action is Action.RESTART
+    assert results["a"].node in ("a", "b")
+    assert JobCoordinator(store, "job", "c", key=KEY).poll(0) == results["a"]
+    assert a.state() == JobState(1, 1, 0)
+    # A claimer that comes back late and publishes keeps the decision in force.
+    late = a._publish_decision(0, Decision(Action.RESTART, "late", "z", JobState(1, 1, 0)))
+    assert late == results["a"]
+
+
+def test_without_compare_and_set_a_forged_claim_still_times_out() -> None:
+    """The etcd-like store has no compare-and-set: the waiter cannot publish safely."""
+    store = EtcdLikeStore()
+    PrefixStore("nvrx.launcher.job", store).add("cycle/0/claim", 1)
+    a = JobCoordinator(store, "job", "a", key=KEY)
+    with pytest.raises(TimeoutError, match="no compare-and-set"):
+        a.decide(0, _restart("a"), datetime.timedelta(seconds=0.3))  # type: ignore[arg-type]
+    # A claimer (first to add) still publishes with a plain set.
+    other = JobCoordinator(store, "job2", "a", key=KEY)
+    won = other.decide(0, _restart("a"))  # type: ignore[arg-type]
+    assert other.poll(0) == won

@@ -9,9 +9,9 @@ from collections.abc import Callable
 
 import jsonschema  # type: ignore[import-untyped]
 import pytest
-from launcher_testkit import Launcher  # type: ignore[import-not-found]
+from launcher_testkit import Launcher, free_port  # type: ignore[import-not-found]
 
-from nvrx.launcher import ExitCode
+from nvrx.launcher import ExitCode, goodput
 from nvrx.launcher.journal import schema_path
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
@@ -60,3 +60,53 @@ def test_a_crash_is_costed_and_the_job_summarised(
     log = launcher.log()
     assert "goodput: ETTR " in log, log
     assert "restart 0->1 (crash) cost " in log, log
+
+
+@pytest.mark.timeout(180)
+def test_two_nodes_agree_and_group_rank_0_writes_the_job_summary(
+    start_launcher: Start, tmp_path: pathlib.Path
+) -> None:
+    port = free_port()
+    common = [
+        "--nnodes", "2", "--nproc-per-node", "1", "--max-restarts", "1",
+        "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
+        "--rdzv-id", "goodput2", "--local-addr", "127.0.0.1",
+    ]  # fmt: skip
+    script = ["--steps", "6", "--fault", "raise:1:3"]
+    journals = [tmp_path / "node0.jsonl", tmp_path / "node1.jsonl"]
+    launchers = [
+        start_launcher(
+            [*common, "--rdzv-conf", f"is_host={1 - i}", "--ft-journal", str(journals[i])],
+            script,
+            name=f"node{i}",
+        )
+        for i in range(2)
+    ]
+
+    def logs() -> str:
+        return "".join(str(launcher.log()) for launcher in launchers)
+
+    for launcher in launchers:
+        assert launcher.wait() == ExitCode.SUCCESS, logs()
+    records = [json.loads(line) for path in journals for line in path.read_text().splitlines()]
+    validator = jsonschema.Draft202012Validator(json.loads(schema_path("journal").read_text()))
+    for record in records:
+        validator.validate(record)
+    # Each node journals its own view; exactly one, group rank 0, the job's.
+    assert len([r for r in records if r["event"] == "node_goodput"]) == 2, logs()
+    [job] = [r for r in records if r["event"] == "job_goodput"]
+    rank0 = {r["node"] for r in records if r["event"] == "workers_started" and r["group_rank"] == 0}
+    assert {job["node"]} == rank0
+    summary = job["summary"]
+    assert summary["nodes"] == 2, summary
+    assert 0.0 < summary["ettr"] <= 1.0, summary
+    assert len(summary["restarts"]) == 1, summary
+    # It agrees with the account of both journals read offline (up to the writer's
+    # clock at the end, which is before the last 'finished' record).
+    offline = goodput.account(records)
+    assert offline.nodes == 2
+    assert summary["start"] == pytest.approx(offline.start)
+    assert [r["cause"] for r in summary["restarts"]] == [r.cause.value for r in offline.restarts]
+    assert summary["restarts"][0]["detection_s"] == pytest.approx(
+        offline.restarts[0].detection_s, abs=1e-6
+    )

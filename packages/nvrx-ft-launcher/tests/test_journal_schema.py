@@ -15,6 +15,7 @@ from nvrx.launcher import ExitCode
 from nvrx.launcher._events import (
     CycleLog,
     DecisionTaken,
+    Finished,
     Recorder,
     RestartFailed,
     WorkersStopped,
@@ -103,4 +104,28 @@ def test_a_failed_restart_ends_its_cycle_record(tmp_path: pathlib.Path) -> None:
     assert record["failed"] == "RendezvousTimeoutError"
     assert (record["cycle"], record["workers_stopped"], record["node"]) == (4, 11.0, "n")
     for line in _lines(tmp_path / "j"):
+        _validator("journal").validate(line)
+
+
+def test_the_final_stop_record_comes_from_finished_only_when_no_cycle_ended(
+    tmp_path: pathlib.Path,
+) -> None:
+    """A launcher ending outside any cycle (signal, rendezvous timeout) gets a "stop"."""
+    outside = JsonLines(tmp_path / "c1", node="n")
+    recorder = Recorder(JsonLines(tmp_path / "j1", node="n"), outside)
+    recorder.record(DecisionTaken(4, "restart", "why", "m", True, 5, 2, None, 10.0, "failure"))
+    recorder.record(WorkersStopped(4, 11.0))
+    recorder.record(RestartFailed(4, "RendezvousTimeoutError"))
+    recorder.record(Finished(exit_code=1, reason="rendezvous failed"))
+    failed, stop = _lines(tmp_path / "c1")
+    assert failed["action"] == "restart"
+    assert (stop["action"], stop["exit_code"], stop["reason"]) == ("stop", 1, "rendezvous failed")
+    _validator("cycle").validate(stop)
+    ended = JsonLines(tmp_path / "c2", node="n")
+    recorder = Recorder(JsonLines(tmp_path / "j2", node="n"), ended)
+    recorder.record(DecisionTaken(0, "stop", "why", "m", False, 0, 0, 1, 10.0, "failure"))
+    recorder.record(WorkersStopped(0, 11.0))
+    recorder.record(Finished(exit_code=1, reason="why"))
+    assert [c["action"] for c in _lines(tmp_path / "c2")] == ["stop"]
+    for line in _lines(tmp_path / "j1") + _lines(tmp_path / "j2"):
         _validator("journal").validate(line)

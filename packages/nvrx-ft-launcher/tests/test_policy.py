@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 
 from nvrx.launcher._coordination import Action, JobState, StopCause
-from nvrx.launcher._policy import Progress, RestartPolicy, Trigger, decide, trigger_of
+from nvrx.launcher._policy import (
+    Progress,
+    RestartPolicy,
+    Trigger,
+    decide,
+    leaves_job,
+    trigger_of,
+)
 from nvrx.launcher.exit_codes import ExitCode
 
 BUDGET = RestartPolicy(
@@ -131,3 +138,20 @@ def test_without_a_progress_file_the_rule_is_off() -> None:
 def test_the_trigger_can_be_read_back_from_any_decision(trigger: Trigger, state: JobState) -> None:
     d = decide(state, trigger, policy=BUDGET, node="n", reason="r")
     assert trigger_of(d) is trigger
+
+
+def test_a_node_that_asked_to_leave_follows_a_stop_or_shutdown_another_node_won() -> None:
+    """ExcludeThisNode leaves the job only when the winning decision restarts the others."""
+    state = JobState(2, 2, 0)
+    stop = decide(state, Trigger.FAILURE, policy=BUDGET, node="other", reason="crash")
+    shutdown = decide(state, Trigger.SHUTDOWN_REQUEST, policy=BUDGET, node="other", reason="r")
+    restart = decide(JobState(), Trigger.FAILURE, policy=BUDGET, node="other", reason="crash")
+    mine = decide(state, Trigger.EXCLUDE_REQUEST, policy=BUDGET, node="me", reason="r")
+    assert stop.action is Action.STOP
+    assert not leaves_job(stop, "me", requested=True)
+    assert not leaves_job(shutdown, "me", requested=True)
+    assert leaves_job(restart, "me", requested=True)
+    assert not leaves_job(restart, "me", requested=False)
+    assert leaves_job(mine, "me", requested=True)
+    assert leaves_job(mine, "me", requested=False)  # the decision names it
+    assert not leaves_job(mine, "other", requested=False)

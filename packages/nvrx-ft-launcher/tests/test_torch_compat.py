@@ -9,6 +9,9 @@ from __future__ import annotations
 import datetime
 import inspect
 import logging
+import os
+import signal
+import time
 from typing import Any
 
 import pytest
@@ -16,6 +19,7 @@ import torch
 import torch.distributed
 from torch.distributed.elastic.agent.server import api as agent_api
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, start_processes
 from torch.distributed.elastic.multiprocessing import api as _mp_api
 from torch.distributed.elastic.multiprocessing.subprocess_handler import SubprocessHandler
 from torch.distributed.elastic.rendezvous import dynamic_rendezvous
@@ -163,3 +167,40 @@ def test_agent_overrides(name: str, params: list[str]) -> None:
     assert method is not None, f"LocalElasticAgent.{name} is gone"
     got = list(inspect.signature(method).parameters)[: len(params)]
     assert got == params, f"LocalElasticAgent.{name}{got} changed"
+
+
+def test_upstream_monitor_workers(tmp_path: Any) -> None:
+    """torch's own _monitor_workers, run on a real process: pid check, poll, D-state check."""
+    source = _source(LocalElasticAgent._monitor_workers)
+    assert "self._pcontext.pids()" in source, "_monitor_workers: the pid check is gone"
+    assert "self._pcontext.wait(0)" in source, "_monitor_workers: the process poll changed"
+    if tuple(int(p) for p in torch.__version__.split(".")[:2]) >= (2, 13):
+        assert "_check_uninterruptible_state_timeout" in source, (
+            "_monitor_workers: the D-state check (torch 2.13) is gone"
+        )
+    spec = agent_api.WorkerSpec(
+        role="contract", local_world_size=1, rdzv_handler=_handler(), entrypoint="sleep"
+    )
+    logs = DefaultLogsSpecs(log_dir=str(tmp_path))
+    agent = LocalElasticAgent(spec, logs)
+    pc = start_processes(
+        name="contract", entrypoint="sleep", args={0: ("30",)}, envs={0: {}}, logs_specs=logs
+    )
+    try:
+        agent._pcontext = pc
+        worker = agent._worker_group.workers[0]
+        worker.id = None
+        got = compat.upstream_monitor_workers(agent, agent._worker_group)
+        assert got.state == agent_api.WorkerState.UNKNOWN, "the pid mismatch is not UNKNOWN"
+        worker.id = pc.pids()[0]
+        got = compat.upstream_monitor_workers(agent, agent._worker_group)
+        assert got.state == agent_api.WorkerState.HEALTHY, got
+        os.kill(pc.pids()[0], signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while got.state == agent_api.WorkerState.HEALTHY and time.monotonic() < deadline:
+            time.sleep(0.05)
+            got = compat.upstream_monitor_workers(agent, agent._worker_group)
+        assert got.state == agent_api.WorkerState.FAILED, got
+        assert got.failures[worker.global_rank].exitcode == -signal.SIGKILL
+    finally:
+        pc.close()

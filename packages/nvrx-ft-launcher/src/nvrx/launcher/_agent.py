@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import logging
 import math
 import os
@@ -50,11 +51,14 @@ from ._events import (
     AllNodesFinished,
     DecisionTaken,
     HangAttributed,
+    JobGoodput,
     MonitorDied,
+    NodeGoodput,
     ProgressMoved,
     RankFailed,
     RankTerminatedByMonitor,
     Recorder,
+    RestartCostMeasured,
     Restarted,
     RestartFailed,
     StoreValueIgnored,
@@ -64,14 +68,13 @@ from ._events import (
 )
 from ._job_key import KEY_ENV, KEY_FILE_ENV, load_job_key
 from ._monitors import MonitorSupervisor
-from ._policy import Progress, RestartPolicy, Trigger, decide, trigger_of
+from ._policy import Progress, RestartPolicy, Trigger, decide, leaves_job, trigger_of
 from ._progress import check_progress_file, read_progress
 from ._rendezvous import renew_worker_store
 from ._root_cause import process_failure, root_cause
 from ._spares import SparePool, spare_handlers
 from ._torch_compat import Store
 from .exit_codes import ExitCode
-from .journal import JsonLines
 from .metrics import NULL_RECORDER, NullRecorder
 
 __all__ = ["FtAgent", "LauncherExit", "RestartPolicy"]
@@ -84,6 +87,8 @@ _PROGRESS_CHECK_PERIOD_S = 1.0
 # start-up is over, so they do not compete with it), or after this long regardless.
 _SPARES_AFTER_S = 10.0
 _GOODPUT_GAUGE_PERIOD_S = 5.0
+# How long the job summary's writer waits for the other nodes' goodput timelines.
+_GOODPUT_EXCHANGE_WAIT_S = 5.0
 # After a hang's first report, how long to wait for the other local ranks' reports (each
 # follows its stack dump pause), so the culprit is told from its victims.
 _HANG_EVIDENCE_WAIT_S = STACK_DUMP_PAUSE_S + 1.0
@@ -108,6 +113,17 @@ class _Cycle:
     terminated: dict[int, MonitorEvent] = dataclasses.field(default_factory=dict)
     first_report: float | None = None
     spares_started: bool = False
+    #: The first ShutdownWorkload and ExcludeThisNode requests of the cycle, kept until
+    #: a decision ends it (also those that arrive while waiting for hang evidence).
+    shutdown_request: MonitorEvent | None = None
+    exclude_request: MonitorEvent | None = None
+
+    def note_request(self, event: MonitorEvent) -> None:
+        """Keep a workload control request (the first of each kind) for this cycle."""
+        if event.action == "ShutdownWorkload":
+            self.shutdown_request = self.shutdown_request or event
+        elif event.action == "ExcludeThisNode":
+            self.exclude_request = self.exclude_request or event
 
 
 def _job_key() -> bytes | None:
@@ -167,8 +183,7 @@ class FtAgent(LocalElasticAgent):
         monitors: MonitorSupervisor,
         *,
         term_timeout: float,
-        journal: JsonLines,
-        cycle_log: JsonLines,
+        recorder: Recorder,
         start_method: str = "spawn",
         log_line_prefix_template: str | None = None,
         spares: SparePool | None = None,
@@ -194,14 +209,13 @@ class FtAgent(LocalElasticAgent):
                 ) from None
         self._monitors = monitors
         self._node = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
-        journal.node = cycle_log.node = self._node
-        self._recorder = Recorder(journal, cycle_log)
-        self._journal = journal
+        recorder.set_node(self._node)
+        self._recorder = recorder
         self._metrics = metrics
         self._ledger = goodput.Ledger()
         self._next_goodput_gauge = 0.0
         # Every journal record (launch.py's too) feeds the goodput ledger.
-        journal.on_record = self._account
+        recorder.journal.on_record = self._account
         self._coord: JobCoordinator | None = None
         self._state = JobState()
         self._cycle = _Cycle(number=0, started=time.time(), progress=None)
@@ -218,7 +232,7 @@ class FtAgent(LocalElasticAgent):
     def _account(self, record: dict[str, Any]) -> None:
         """Feed a journal record to the ledger; journal and log each restart cost it completes."""
         for cost in self._ledger.feed(record):
-            self._journal.write(cost.to_record())
+            self._recorder.record(RestartCostMeasured(cost))
             logger.info("%s", cost.format())
             self._update_goodput_gauges(force=True)
 
@@ -258,19 +272,52 @@ class FtAgent(LocalElasticAgent):
     def _journal_goodput(self) -> None:
         """At the job's end: the goodput summary in the log (INFO) and the journal.
 
-        One node holding the whole job writes ``job_goodput``; in a multi-node job each
-        node writes its own view as ``node_goodput`` (the job's account comes from the
-        nodes' journals: ``python -m nvrx.launcher.goodput``).
+        One node holding the whole job writes ``job_goodput``. In a multi-node job each
+        node writes its own view as ``node_goodput`` and publishes its timeline to the
+        store (signed); the node of group rank ``goodput.SUMMARY_GROUP_RANK`` waits up
+        to 5 s for the others' and writes ``job_goodput`` over every timeline it got.
         """
         try:
-            summary = self._ledger.summary(now=time.time())
-            single = (self._worker_group.group_world_size or 1) <= 1
-            event = "job_goodput" if single else "node_goodput"
-            logger.info("%s%s", "" if single else "this node's ", summary.format())
-            self._journal.write({"event": event, "summary": summary.to_json()})
+            now = time.time()
+            summary = self._ledger.summary(now=now)
+            if (self._worker_group.group_world_size or 1) <= 1:
+                logger.info("%s", summary.format())
+                self._recorder.record(JobGoodput(summary.to_json()))
+                self._metrics.goodput(summary)
+                return
+            logger.info("this node's %s", summary.format())
+            self._recorder.record(NodeGoodput(summary.to_json()))
             self._metrics.goodput(summary)
+            self._journal_job_goodput(now)
         except Exception as exc:  # accounting never changes the job's outcome
             logger.warning("no goodput summary: %r", exc)
+
+    def _journal_job_goodput(self, now: float) -> None:
+        """Exchange the nodes' timelines; the summary writer journals the job's account."""
+        coord = self._coordinator()
+        cycle = self._cycle.number
+        mine = self._ledger.timeline()
+        coord.publish_timeline(cycle, json.dumps(mine.to_json(), sort_keys=True))
+        if not goodput.writes_job_summary(mine, self._node):
+            return
+        world = self._worker_group.group_world_size or 1
+
+        def parse(raw: bytes) -> goodput.Timeline:
+            return goodput.Timeline.from_json(json.loads(raw))
+
+        got = coord.timelines(cycle, world, _GOODPUT_EXCHANGE_WAIT_S, parse)
+        summary = goodput.account(goodput.Timeline.merge([mine, *got]), now=now)
+        if summary.nodes < world:
+            logger.warning(
+                "job goodput covers %d of %d nodes (the others' timelines did not come "
+                "within %.0f s)",
+                summary.nodes,
+                world,
+                _GOODPUT_EXCHANGE_WAIT_S,
+            )
+        logger.info("job %s", summary.format())
+        self._recorder.record(JobGoodput(summary.to_json()))
+        self._metrics.goodput(summary)
 
     # -- what the launcher asks after the run ------------------------------------
 
@@ -371,9 +418,24 @@ class FtAgent(LocalElasticAgent):
         self._shutdown(signal.SIGTERM, math.ceil(self._policy.workers_stop_timeout))
 
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
-        # Unlike torch's, this never stops the siblings of a failed rank itself: the
-        # decision does, with --workers-stop-timeout. A rank its monitor terminated has
-        # failed whatever its exit code (a SIGTERM handler may well exit 0).
+        # Ours first: unlike torch's, it never stops the siblings of a failed rank itself
+        # (the decision does, with --workers-stop-timeout), and a rank its monitor
+        # terminated has failed whatever its exit code (a SIGTERM handler may exit 0).
+        # While every rank runs, torch's own checks run too (worker pids against the
+        # process context; from torch 2.13 a rank in D-state longer than
+        # TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT). A rank that ends between the two
+        # polls is seen by torch's, which then stops the others itself: ours then reports
+        # what ended.
+        result = self._check_workers(worker_group)
+        if result.state != WorkerState.HEALTHY:
+            return result
+        upstream = compat.upstream_monitor_workers(self, worker_group)
+        if upstream.state in (WorkerState.FAILED, WorkerState.SUCCEEDED):
+            return self._check_workers(worker_group)
+        return upstream
+
+    def _check_workers(self, worker_group: WorkerGroup) -> RunResult:
+        """This node's ranks: failed (also those their monitor terminated), running or done."""
         pc = compat.worker_processes(self)
         if pc is None:
             raise TypeError("workers must run as subprocesses")
@@ -445,7 +507,7 @@ class FtAgent(LocalElasticAgent):
         noticed = time.time()
         wg = self._worker_group
         causes: list[str] = []
-        shutdown, exclude = self._handle_events(self._monitors.drain_events(), noticed)
+        self._handle_events(self._monitors.drain_events(), noticed)
         self._maybe_start_spares(wg.spec.local_world_size)
         self._journal_progress()
         self._update_goodput_gauges()
@@ -475,30 +537,34 @@ class FtAgent(LocalElasticAgent):
         decision = coord.poll(cycle)
         if decision is not None:
             return self._apply(decision, noticed)
-
-        if shutdown is not None:
-            reason = (
-                f"rank {shutdown.rank} on node {self._node} requested ShutdownWorkload: "
-                f"{shutdown.description}"
-            )
-            decision = coord.decide(cycle, self._decider(Trigger.SHUTDOWN_REQUEST, reason))
-            return self._apply(decision, noticed)
-        if exclude is not None:
-            reason = (
-                f"rank {exclude.rank} asked to exclude node {self._node}: {exclude.description}"
-            )
-            decision = coord.decide(cycle, self._decider(Trigger.EXCLUDE_REQUEST, reason))
-            return self._apply(decision, noticed, excluded_by_request=True)
+        requested = self._decide_on_request()
+        if requested is not None:
+            return self._apply(requested[0], noticed, exclusion_requested=requested[1])
 
         result = self._monitor_workers(wg)
         if result.state == WorkerState.FAILED:
             if self._await_hang_evidence():
                 result = self._monitor_workers(wg)
+                # A request that came while waiting still wins over the failure.
+                requested = self._decide_on_request()
+                if requested is not None:
+                    return self._apply(requested[0], noticed, exclusion_requested=requested[1])
             finding = self._attribute_hang()
             if finding is not None:
                 causes.insert(0, "hang: " + finding.sentence)
             causes.extend(self._describe_failures(result))
             self._journal_failures(result)
+        elif result.state == WorkerState.UNKNOWN:
+            causes.append("torch's check found the worker pids do not match its process context")
+        elif result.state == WorkerState.UNHEALTHY:
+            # torch's D-state check: a wedged rank holds a kernel resource (GPU, NIC) a
+            # new rank on this node would conflict with, so this node leaves the job.
+            reason = (
+                f"a rank on node {self._node} stayed in uninterruptible sleep (D-state) "
+                "past TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT (torch's check)"
+            )
+            decision = coord.decide(cycle, self._decider(Trigger.EXCLUDE_REQUEST, reason))
+            return self._apply(decision, noticed, exclusion_requested=True)
         if causes:
             reason = f"on node {self._node}: " + "; ".join(causes)
             decision = coord.decide(cycle, self._decider(Trigger.FAILURE, reason))
@@ -511,12 +577,30 @@ class FtAgent(LocalElasticAgent):
             return self._apply(decision, noticed)
         return None
 
-    def _handle_events(
-        self, events: list[MonitorEvent], noticed: float
-    ) -> tuple[MonitorEvent | None, MonitorEvent | None]:
-        """Act on the monitors' events; returns the first shutdown and exclude requests."""
-        shutdown: MonitorEvent | None = None
-        exclude: MonitorEvent | None = None
+    def _decide_on_request(self) -> tuple[Decision, bool] | None:
+        """The cycle's decision on a rank's ShutdownWorkload or ExcludeThisNode request.
+
+        Returns it with whether this node asked to leave, or None when no rank asked.
+        """
+        coord = self._coordinator()
+        cycle = self._cycle.number
+        shutdown = self._cycle.shutdown_request
+        if shutdown is not None:
+            reason = (
+                f"rank {shutdown.rank} on node {self._node} requested ShutdownWorkload: "
+                f"{shutdown.description}"
+            )
+            return coord.decide(cycle, self._decider(Trigger.SHUTDOWN_REQUEST, reason)), False
+        exclude = self._cycle.exclude_request
+        if exclude is not None:
+            reason = (
+                f"rank {exclude.rank} asked to exclude node {self._node}: {exclude.description}"
+            )
+            return coord.decide(cycle, self._decider(Trigger.EXCLUDE_REQUEST, reason)), True
+        return None
+
+    def _handle_events(self, events: list[MonitorEvent], noticed: float) -> None:
+        """Act on the monitors' events; workload control requests are kept on the cycle."""
         for event in events:
             if event.event == "rank_connected":
                 self._cycle.connected.add(event.local_rank)
@@ -573,12 +657,7 @@ class FtAgent(LocalElasticAgent):
                         description=event.description,
                     )
                 )
-                if event.action == "ShutdownWorkload":
-                    shutdown = shutdown or event
-                elif event.action == "ExcludeThisNode":
-                    exclude = exclude or event
-
-        return shutdown, exclude
+                self._cycle.note_request(event)
 
     def _hang_evidence(self) -> list[RankEvidence]:
         found = map(RankEvidence.from_event, self._cycle.terminated.values())
@@ -731,11 +810,11 @@ class FtAgent(LocalElasticAgent):
     # -- acting on a decision --------------------------------------------------------
 
     def _apply(
-        self, decision: Decision, noticed: float, *, excluded_by_request: bool = False
+        self, decision: Decision, noticed: float, *, exclusion_requested: bool = False
     ) -> RunResult | None:
         wg = self._worker_group
         local = decision.node == self._node
-        excluded = excluded_by_request or decision.excluded_node == self._node
+        excluded = leaves_job(decision, self._node, requested=exclusion_requested)
         action = "exclude" if excluded else decision.action.value
         exit_code = int(ExitCode.NODE_EXCLUDED) if excluded else decision.exit_code
         cycle = self._cycle.number

@@ -10,16 +10,31 @@ counted once per job restart however many nodes fail, and all nodes agree on the
 code.
 
 The store is not ours to trust: anyone who reaches its port can write to it. So every
-value published here is an :class:`_Envelope`: the JSON body and, when the job has a
-key (:mod:`._job_key`), an HMAC-SHA256 bound to the run id and the store key it sits
-under (a value copied from another job, cycle or key does not verify). A value that is
-malformed, or not signed with the job's key when there is one, is ignored and logged;
+decision and the ``state`` hint are published in an envelope: the JSON body and, when the
+job has a key (:mod:`._job_key`), an HMAC-SHA256 bound to the run id and the store key it
+sits under (a value copied from another job, cycle or key does not verify). A value that
+is malformed, or not signed with the job's key when there is one, is ignored and logged;
 it never ends a launcher. The exit code of a stop is derived from the decision's kind,
 never read from the store. Everything on the wire is JSON.
+
+The counters cannot be signed (``add`` is the only atomic operation every store has):
+
+- ``cycle/<n>/claim``: a forged bump (or a claimer that dies before publishing) leaves
+  the others waiting; after ``wait`` each publishes its own signed decision with
+  compare-and-set, the first valid one stays and all follow it. A store without
+  compare-and-set (torch's EtcdStore) raises TimeoutError there instead.
+- ``cycle/<n>/timelines`` (how many nodes published their goodput timeline, each signed
+  under ``cycle/<n>/timeline/<i>``): a forged count makes the summary writer read
+  absent keys (skipped) or stop waiting early, so the job summary covers fewer nodes;
+- ``cycle/<n>/done``, ``left``, ``all_left`` (the exit barrier): a forged count can only
+  make a node whose own ranks all succeeded stop waiting for the others early, or (a
+  count never reached) wait until ``--exit-barrier-timeout``; it cannot restart or stop
+  anything, nor change an exit code.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import enum
@@ -46,6 +61,11 @@ _MAX_COUNT = 2**31 - 1
 # How far JobCoordinator.state() follows published decisions past the state hint.
 _MAX_WALK = 100_000
 _POLL_S = 0.05
+# compare-and-set rounds against values that keep being replaced by invalid ones.
+_MAX_CAS_TRIES = 16
+# Goodput timelines read by the summary writer, at most (a forged counter cannot make
+# it read more).
+_MAX_TIMELINES = 4096
 
 
 class Action(str, enum.Enum):
@@ -227,11 +247,37 @@ class JobCoordinator:
     def _context(self, name: str) -> str:
         return f"nvrx.launcher/v{WIRE_VERSION}/{self._run_id}/{name}"
 
-    def _publish(self, name: str, body: str) -> None:
+    def _envelope(self, name: str, body: str) -> str:
         raw = body.encode("utf-8")
         mac = None if self._key is None else sign(self._key, self._context(name), raw)
-        envelope = {"v": WIRE_VERSION, "body": body, "mac": mac}
-        self._store.set(name, json.dumps(envelope, separators=(",", ":")))
+        return json.dumps({"v": WIRE_VERSION, "body": body, "mac": mac}, separators=(",", ":"))
+
+    def _publish(self, name: str, body: str) -> None:
+        self._store.set(name, self._envelope(name, body))
+
+    def _publish_decision(self, cycle: int, decision: Decision) -> Decision | None:
+        """Put ``decision`` under the cycle's key unless a valid one is there; the one in force.
+
+        With compare-and-set only an absent or invalid value is replaced, so the first
+        valid decision stays and every node reads that one. None when the store has no
+        compare-and-set (torch's EtcdStore).
+        """
+        key = f"cycle/{cycle}/decision"
+        value = self._envelope(key, decision.to_json())
+        expected: str | bytes = ""
+        for _ in range(_MAX_CAS_TRIES):
+            try:
+                now = self._store.compare_set(key, expected, value)  # type: ignore[arg-type]
+            except (RuntimeError, NotImplementedError) as exc:
+                logger.debug("no compare-and-set on this store: %s", exc)
+                return None
+            if now == value.encode("utf-8"):
+                return decision
+            found = self.poll(cycle)
+            if found is not None:
+                return found
+            expected = now  # an invalid value (forged, or garbage): replace exactly it
+        return None
 
     def _body(self, name: str, data: bytes) -> bytes:
         """The verified body of the value ``data`` stored under ``name``."""
@@ -322,34 +368,94 @@ class JobCoordinator:
     ) -> Decision:
         """Publish ``make(state)`` as the decision of ``cycle`` unless another node won.
 
-        Returns the decision in force, ours or the winner's. Raises TimeoutError when
-        another node claimed the cycle but no valid decision appeared within ``wait``.
+        Returns the decision in force, ours or the winner's. When another node claimed
+        the cycle but no valid decision appeared within ``wait``, this node publishes its
+        own with compare-and-set (the first valid one stays); on a store without
+        compare-and-set that raises TimeoutError.
         """
         key = f"cycle/{cycle}/decision"
         if self._store.add(f"cycle/{cycle}/claim", 1) == 1:
-            decision = make(self.state())
-            if len(decision.reason) > _MAX_TEXT:
-                decision = dataclasses.replace(
-                    decision, reason=decision.reason[: _MAX_TEXT - 3] + "..."
-                )
-            if not _fits(decision, cycle):
-                raise AssertionError(f"decision {decision} does not fit cycle {cycle}")
-            self._publish("state", json.dumps(dataclasses.asdict(decision.state)))
-            self._publish(key, decision.to_json())
-            return decision
+            return self._decide_here(cycle, make, claimed=True)
         deadline = time.monotonic() + wait.total_seconds()
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise TimeoutError(
-                    f"another launcher claimed cycle {cycle}, but no valid decision came "
-                    f"within {wait.total_seconds():g} s"
-                )
-            self._store.wait([key], datetime.timedelta(seconds=remaining))
+                break
+            with contextlib.suppress(TimeoutError, RuntimeError):  # torch: DistStoreError
+                self._store.wait([key], datetime.timedelta(seconds=remaining))
             found = self.poll(cycle)
             if found is not None:
                 return found
             time.sleep(_POLL_S)
+        # The claimer died before publishing, or someone without the job key bumped the
+        # unsigned claim counter: decide here. compare-and-set keeps the first valid
+        # decision, so every waiter that gets here still follows one and the same.
+        logger.warning(
+            "cycle %d was claimed but no valid decision came within %g s (its claimer "
+            "died, or the claim counter was forged); deciding here",
+            cycle,
+            wait.total_seconds(),
+        )
+
+        return self._decide_here(cycle, make, claimed=False, waited=wait)
+
+    def _decide_here(
+        self,
+        cycle: int,
+        make: Callable[[JobState], Decision],
+        *,
+        claimed: bool,
+        waited: datetime.timedelta | None = None,
+    ) -> Decision:
+        """Compute and publish this node's decision of ``cycle``; the one in force."""
+        decision = make(self.state())
+        if len(decision.reason) > _MAX_TEXT:
+            decision = dataclasses.replace(
+                decision, reason=decision.reason[: _MAX_TEXT - 3] + "..."
+            )
+        if not _fits(decision, cycle):
+            raise AssertionError(f"decision {decision} does not fit cycle {cycle}")
+        found = self._publish_decision(cycle, decision)
+        if found is None and claimed:  # no compare-and-set: the claim alone decides
+            self._publish(f"cycle/{cycle}/decision", decision.to_json())
+            found = decision
+        if found is None:
+            seconds = 0.0 if waited is None else waited.total_seconds()
+            raise TimeoutError(
+                f"another launcher claimed cycle {cycle}, but no valid decision came within "
+                f"{seconds:g} s (and this store has no compare-and-set to publish one safely)"
+            )
+        if found == decision:
+            self._publish("state", json.dumps(dataclasses.asdict(decision.state)))
+        return found
+
+    # -- the job's goodput summary -----------------------------------------------------
+
+    def publish_timeline(self, cycle: int, body: str) -> None:
+        """This node's goodput timeline (JSON text), signed, for the summary writer.
+
+        Published under the job's last cycle, so a requeued job on a persistent store
+        (etcd) does not read an earlier run's timelines.
+        """
+        index = int(self._store.add(f"cycle/{cycle}/timelines", 1))
+        if 1 <= index <= _MAX_TIMELINES:
+            self._publish(f"cycle/{cycle}/timeline/{index}", body)
+
+    def timelines(
+        self, cycle: int, nodes: int, wait_s: float, parse: Callable[[bytes], Any]
+    ) -> list[Any]:
+        """The nodes' timelines of ``cycle``, each read through ``parse``.
+
+        Waits up to ``wait_s`` for ``nodes`` of them; values that do not verify or parse
+        are ignored and reported.
+        """
+        counter = f"cycle/{cycle}/timelines"
+        deadline = time.monotonic() + wait_s
+        while int(self._store.add(counter, 0)) < nodes and time.monotonic() < deadline:
+            time.sleep(_POLL_S)
+        count = min(int(self._store.add(counter, 0)), _MAX_TIMELINES)
+        found = (self._read(f"cycle/{cycle}/timeline/{i}", parse) for i in range(1, count + 1))
+        return [value for value in found if value is not None]
 
     def arrive(self, cycle: int) -> int:
         """Count this node as finished with ``cycle``; returns how many have."""

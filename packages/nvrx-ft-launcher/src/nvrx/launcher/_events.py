@@ -15,6 +15,7 @@ import dataclasses
 import time
 from typing import Any, ClassVar
 
+from .goodput import RestartCost
 from .journal import JsonLines
 
 __all__: list[str] = []
@@ -29,6 +30,58 @@ class Event:
     def to_record(self) -> dict[str, Any]:
         """The journal's JSON object (``schema_version``, ``t`` and ``node`` come later)."""
         return {"event": self.EVENT, **dataclasses.asdict(self)}
+
+
+@dataclasses.dataclass(frozen=True)
+class RunStarted(Event):
+    """The launcher starts (once per launcher), with what it was asked to run."""
+
+    EVENT: ClassVar[str] = "run_start"
+    run_id: str
+    min_nodes: int
+    max_nodes: int
+    nproc_per_node: int
+    max_restarts: int
+    command: list[str]
+    #: Where --ft-metrics-port serves the metrics (None: off).
+    metrics_url: str | None
+
+
+@dataclasses.dataclass(frozen=True)
+class Finished(Event):
+    """The launcher ends with ``exit_code`` (its last record)."""
+
+    EVENT: ClassVar[str] = "finished"
+    exit_code: int
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True)
+class RestartCostMeasured(Event):
+    """What one restart cost, by phase (:class:`~nvrx.launcher.goodput.RestartCost`)."""
+
+    EVENT: ClassVar[str] = "restart_cost"
+    cost: RestartCost
+
+    def to_record(self) -> dict[str, Any]:
+        """The cost's own fields, flat (as ``python -m nvrx.launcher.goodput`` reads them)."""
+        return self.cost.to_record()
+
+
+@dataclasses.dataclass(frozen=True)
+class JobGoodput(Event):
+    """The job's goodput account at its end (:meth:`~nvrx.launcher.goodput.Summary.to_json`)."""
+
+    EVENT: ClassVar[str] = "job_goodput"
+    summary: dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeGoodput(Event):
+    """This node's goodput account at its end, in a multi-node job."""
+
+    EVENT: ClassVar[str] = "node_goodput"
+    summary: dict[str, Any]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -215,10 +268,18 @@ class CycleLog:
 
     def __init__(self) -> None:
         self._decision: dict[str, Any] | None = None
+        # Whether a cycle record said how this launcher ends (stop, shutdown, exclude,
+        # finish); if none did, its ``finished`` record gives the final ``stop``.
+        self._ended = False
 
     def feed(self, record: dict[str, Any]) -> dict[str, Any] | None:
         """The cycle record that ``record`` completes, if any."""
         kind = record.get("event")
+        if kind == Finished.EVENT:
+            if self._ended:
+                return None
+            stop = {"action": "stop", "exit_code": record["exit_code"], "reason": record["reason"]}
+            return self._out(record, stop)
         if kind == DecisionTaken.EVENT:
             self._decision = {
                 "cycle": record["cycle"],
@@ -251,6 +312,7 @@ class CycleLog:
         self, record: dict[str, Any], cycle: dict[str, Any], t_as: str | None = None
     ) -> dict[str, Any]:
         self._decision = None
+        self._ended = self._ended or cycle["action"] != "restart"
         out = dict(cycle)
         if t_as is not None:
             out[t_as] = record["t"]
@@ -267,6 +329,15 @@ class Recorder:
         self._journal = journal
         self._cycle_log = cycle_log
         self._cycles = CycleLog()
+
+    @property
+    def journal(self) -> JsonLines:
+        """Where the events go (its ``node`` names this launcher in every record)."""
+        return self._journal
+
+    def set_node(self, node: str) -> None:
+        """Name this launcher in every later journal and cycle record."""
+        self._journal.node = self._cycle_log.node = node
 
     def record(self, event: Event) -> None:
         """Write ``event`` (and the cycle record it completes); never raises for I/O."""

@@ -11,6 +11,8 @@ import os
 import pathlib
 import sys
 
+from ._worker_exec import shim_argv
+
 __all__ = ["EXEC_SHIM", "shim_args", "shimmed"]
 
 #: The shim script; a rank's argv holds it, which is how a handler recognises one.
@@ -20,9 +22,10 @@ EXEC_SHIM = str(pathlib.Path(__file__).with_name("_worker_exec.py"))
 def shim_args(monitor_socket: str, command: tuple[str, ...] | list[str]) -> tuple[str, ...]:
     """Arguments for ``sys.executable`` that run ``command`` through the shim.
 
-    ``monitor_socket`` is exported as NVRX_FT_MONITOR_SOCKET; empty for none.
+    ``monitor_socket`` is exported as NVRX_FT_MONITOR_SOCKET; empty for none. What follows
+    the script is built and parsed by ``_worker_exec`` (``shim_argv``/``parse_shim_argv``).
     """
-    return ("-I", "-S", EXEC_SHIM, str(os.getpid()), monitor_socket, *command)
+    return ("-I", "-S", EXEC_SHIM, *shim_argv(os.getpid(), monitor_socket, command))
 
 
 def shimmed(command: tuple[str, ...] | list[str]) -> list[str]:

@@ -26,12 +26,14 @@ from torch.distributed.elastic.rendezvous.api import (
 )
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
 from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
+from torch.distributed.elastic.utils.api import macros
 from torch.distributed.launcher.api import LaunchConfig
 
 from nvrx.ft import FaultToleranceConfig
 
 from . import metrics
 from ._agent import FtAgent, LauncherExit, RestartPolicy
+from ._events import Finished, Recorder, RunStarted
 from ._exec_shim import shim_args
 from ._monitors import MonitorSupervisor
 from ._rendezvous import tune_rendezvous
@@ -104,7 +106,7 @@ def _spec(
 ) -> WorkerSpec:
     config = options.config
     master_addr, master_port = _static_master(params)
-    socket_template = os.fspath(monitors.runtime_dir / "monitor-${local_rank}.sock")
+    socket_template = os.fspath(monitors.socket_path(macros.local_rank))
     extra = {
         name: getattr(config, name)
         for name in (
@@ -186,12 +188,12 @@ def launch(options: LaunchOptions, monitors: MonitorSupervisor | None = None) ->
         min_progress_iterations=options.min_progress_iterations,
         progress_file=options.progress_file,
     )
-    journal = JsonLines(options.journal)
-    cycle_log = JsonLines(options.cycle_log)
+    # The one writer of the journal; the cycle log is derived from it (a launcher that
+    # ends outside any cycle gets its final "stop" from the Finished event).
+    recorder = Recorder(JsonLines(options.journal), JsonLines(options.cycle_log))
     agent: FtAgent | None = None
     code: int = ExitCode.LAUNCHER_ERROR
     reason = ""
-    final_record = True
     handler: RendezvousHandler | None = None
     spares = _spare_pool(options)
     server: metrics.MetricsServer | None = None
@@ -216,32 +218,28 @@ def launch(options: LaunchOptions, monitors: MonitorSupervisor | None = None) ->
             term_timeout=options.term_timeout,
             start_method=config.start_method,
             log_line_prefix_template=config.log_line_prefix_template,
-            journal=journal,
-            cycle_log=cycle_log,
+            recorder=recorder,
             spares=spares,
             metrics=metrics.NULL_RECORDER if server is None else server.recorder,
         )
-        journal.write(
-            {
-                "event": "run_start",
-                "run_id": config.run_id,
-                "min_nodes": config.min_nodes,
-                "max_nodes": config.max_nodes,
-                "nproc_per_node": config.nproc_per_node,
-                "max_restarts": config.max_restarts,
-                "command": options.command,
-                "metrics_url": None if server is None else server.url,
-            }
+        recorder.record(
+            RunStarted(
+                run_id=config.run_id,
+                min_nodes=config.min_nodes,
+                max_nodes=config.max_nodes,
+                nproc_per_node=config.nproc_per_node,
+                max_restarts=config.max_restarts,
+                command=list(options.command),
+                metrics_url=None if server is None else server.url,
+            )
         )
         agent.run()
         code = ExitCode.SUCCESS
         reason = "every rank finished successfully"
-        final_record = False  # the agent wrote the cycle's "finish" record
         logger.info("all ranks finished successfully")
     except LauncherExit as exc:
         code = exc.code
         reason = str(exc)
-        final_record = False  # the agent wrote the cycle record with this outcome
         if code == ExitCode.NO_PROGRESS and options.no_restart_exit_code != code:
             code = options.no_restart_exit_code  # --ft-no-restart-exit-code
         log = logger.info if code == ExitCode.SUCCESS else logger.error
@@ -265,9 +263,7 @@ def launch(options: LaunchOptions, monitors: MonitorSupervisor | None = None) ->
             spares.close()
         if monitors is not None:
             monitors.close()
-        if final_record:
-            cycle_log.write({"action": "stop", "exit_code": int(code), "reason": reason})
-        journal.write({"event": "finished", "exit_code": int(code), "reason": reason})
+        recorder.record(Finished(exit_code=int(code), reason=reason))
         if server is not None:
             server.close()
         logger.debug("cleaned up")

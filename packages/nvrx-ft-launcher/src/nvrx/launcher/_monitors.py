@@ -20,6 +20,7 @@ import socket
 import time
 
 from nvrx.ft import (
+    RANK_MONITOR_INIT_TIMEOUT,
     FaultToleranceConfig,
     MonitorEvent,
     MonitorProcess,
@@ -48,7 +49,7 @@ class MonitorSupervisor:
         cfg: FaultToleranceConfig,
         local_world_size: int,
         *,
-        ready_timeout: float = 30.0,
+        ready_timeout: float = RANK_MONITOR_INIT_TIMEOUT,
         stall_timeout: float = STALL_TIMEOUT_S,
     ) -> None:
         self._cfg = cfg
@@ -78,8 +79,11 @@ class MonitorSupervisor:
         """The private 0700 directory holding every socket of this launcher."""
         return self._dir
 
-    def socket_path(self, local_rank: int) -> pathlib.Path:
-        """Where the monitor of ``local_rank`` listens for its rank."""
+    def socket_path(self, local_rank: int | str) -> pathlib.Path:
+        """Where the monitor of ``local_rank`` listens for its rank (the one naming rule).
+
+        ``local_rank`` may be torch's ``${local_rank}`` macro, for a rank's argv template.
+        """
         return self._dir / f"monitor-{local_rank}.sock"
 
     def fileno(self) -> int:

@@ -26,7 +26,7 @@ import enum
 from ._coordination import Action, Decision, JobState, StopCause
 from ._progress import made_progress
 
-__all__ = ["Progress", "RestartPolicy", "Trigger", "decide", "trigger_of"]
+__all__ = ["Progress", "RestartPolicy", "Trigger", "decide", "leaves_job", "trigger_of"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,6 +79,19 @@ def trigger_of(decision: Decision) -> Trigger:
     if decision.excluded_node is not None:
         return Trigger.EXCLUDE_REQUEST
     return Trigger.NODES_WAITING
+
+
+def leaves_job(decision: Decision, node: str, *, requested: bool) -> bool:
+    """Whether ``node`` leaves the job (exit 3) on ``decision``.
+
+    It does when the decision excludes it, or when it asked to leave (``requested``:
+    ExcludeThisNode, or torch's D-state check) and the decision that won the cycle
+    restarts the others. A stop or shutdown decided by another node wins over the
+    request: every node then ends with that decision's exit code.
+    """
+    if decision.excluded_node == node:
+        return True
+    return requested and decision.action is Action.RESTART
 
 
 def decide(

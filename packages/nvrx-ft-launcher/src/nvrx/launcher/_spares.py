@@ -32,8 +32,11 @@ from typing import IO, Any
 
 from torch.distributed.elastic.multiprocessing.subprocess_handler import SubprocessHandler
 
+from nvrx.ft import MONITOR_SOCKET_ENV
+
 from . import _torch_compat as compat
 from ._exec_shim import EXEC_SHIM, shimmed
+from ._worker_exec import parse_shim_argv
 
 __all__ = [
     "SAFE_FLAGS",
@@ -48,7 +51,6 @@ __all__ = [
 logger = logging.getLogger("nvrx.launcher")
 
 _SPARE_PROGRAM = str(pathlib.Path(__file__).with_name("_warm_spare.py"))
-_MONITOR_SOCKET_ENV = "NVRX_FT_MONITOR_SOCKET"
 #: Interpreter options a spare can be started with: they change nothing the rank's
 #: environment could disagree with later.
 SAFE_FLAGS = frozenset({"-u", "-B", "-O", "-OO", "-s", "-E"})
@@ -219,8 +221,8 @@ class SpareHandler(SubprocessHandler):
         # something (numactl) wrapped it, in which case the rank starts cold.
         if EXEC_SHIM not in args:
             return None
-        at = args.index(EXEC_SHIM)
-        command = python_command(args[at + 3 :])
+        _launcher, monitor_socket, rank_command = parse_shim_argv(args[args.index(EXEC_SHIM) + 1 :])
+        command = python_command(rank_command)
         pool_command = self._pool.command
         if command is None or (command.interpreter, command.flags) != (
             pool_command.interpreter,
@@ -228,8 +230,8 @@ class SpareHandler(SubprocessHandler):
         ):
             return None
         rank_env = dict(env)
-        if args[at + 2]:
-            rank_env[_MONITOR_SOCKET_ENV] = args[at + 2]
+        if monitor_socket:
+            rank_env[MONITOR_SOCKET_ENV] = monitor_socket
         streams = {
             target: stream
             for target, stream in ((1, self._stdout), (2, self._stderr))

@@ -26,6 +26,11 @@ release up to the tested range):
   ``subprocess_handlers``, ``error_files`` and ``stderrs``;
 - ``set_remaining_restarts``: ``SimpleElasticAgent._remaining_restarts``, from which
   torch derives ``TORCHELASTIC_RESTART_COUNT``;
+- ``upstream_monitor_workers``: ``LocalElasticAgent._monitor_workers(worker_group)``,
+  called as torch's own check under ours: it compares the workers' pids with
+  ``_pcontext.pids()`` (UNKNOWN on a mismatch), polls ``_pcontext.wait(0)`` and, from
+  torch 2.13, returns UNHEALTHY for a rank in D-state past
+  ``TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT`` (off unless set);
 - ``Store``, ``PrefixStore``: ``torch.distributed``'s classes, imported from
   ``torch._C._distributed_c10d`` for the type checker;
 - the agent's overrides (in ``agent.py``, as a subclass must): ``_rendezvous``,
@@ -48,6 +53,7 @@ import torch
 # torch.distributed exports these very classes at run time, but its type stubs do not
 # re-export them, so mypy sees them only here (the contract test checks they are one).
 from torch._C._distributed_c10d import PrefixStore, Store
+from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.elastic.multiprocessing import api as mp_api
 from torch.distributed.elastic.multiprocessing.api import SubprocessContext
@@ -157,3 +163,10 @@ def worker_processes(agent: LocalElasticAgent) -> SubprocessContext | None:
 def set_remaining_restarts(agent: LocalElasticAgent, remaining: int) -> None:
     """Set what torch derives ``TORCHELASTIC_RESTART_COUNT`` from (max_restarts - this)."""
     agent._remaining_restarts = remaining
+
+
+def upstream_monitor_workers(agent: LocalElasticAgent, worker_group: WorkerGroup) -> RunResult:
+    """torch's own ``LocalElasticAgent._monitor_workers`` for ``agent`` (a subclass's override
+    skipped): its pid check, its process poll and (torch 2.13) its D-state check."""
+    result: RunResult = LocalElasticAgent._monitor_workers(agent, worker_group)
+    return result

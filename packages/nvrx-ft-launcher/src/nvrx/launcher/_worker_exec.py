@@ -28,11 +28,14 @@ import select
 import signal
 import sys
 import time
+from collections.abc import Sequence
 
 __all__: list[str] = []
 
 _PR_SET_PDEATHSIG = 1
-_MONITOR_SOCKET_ENV = "NVRX_FT_MONITOR_SOCKET"
+#: Where a rank finds its monitor: ``nvrx.ft.MONITOR_SOCKET_ENV`` (this script runs with
+#: ``-I -S`` and imports nothing outside the standard library; a test checks they agree).
+MONITOR_SOCKET_ENV = "NVRX_FT_MONITOR_SOCKET"
 # Only without pidfds (Linux before 5.3): how often the guard looks at the two pids.
 _GUARD_POLL_S = 0.5
 _IGNORED_BY_GUARD = (
@@ -145,10 +148,21 @@ def _start_guard(launcher_pid: int) -> None:
             os.close(fd)
 
 
+def shim_argv(launcher_pid: int, monitor_socket: str, command: Sequence[str]) -> list[str]:
+    """The shim's arguments after its script path; :func:`parse_shim_argv` reads them back.
+
+    ``monitor_socket`` is exported as :data:`MONITOR_SOCKET_ENV`; empty for none.
+    """
+    return [str(launcher_pid), monitor_socket, *command]
+
+
+def parse_shim_argv(args: Sequence[str]) -> tuple[int, str, list[str]]:
+    """(launcher pid, monitor socket, command) from what :func:`shim_argv` built."""
+    return int(args[0]), args[1], list(args[2:])
+
+
 def _main(argv: list[str]) -> None:
-    launcher_pid = int(argv[1])
-    monitor_socket = argv[2]
-    command = argv[3:]
+    launcher_pid, monitor_socket, command = parse_shim_argv(argv[1:])
     if sys.platform.startswith("linux"):
         libc = ctypes.CDLL(None, use_errno=True)
         if libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
@@ -161,7 +175,7 @@ def _main(argv: list[str]) -> None:
         # Our own process group (torch's start_new_session): guard it.
         _start_guard(launcher_pid)
     if monitor_socket:
-        os.environ[_MONITOR_SOCKET_ENV] = monitor_socket
+        os.environ[MONITOR_SOCKET_ENV] = monitor_socket
     os.execvp(command[0], command)  # noqa: S606 - argv list, no shell
 
 
