@@ -69,7 +69,8 @@ def test_three_nodes_agree_over_a_real_store() -> None:
             "127.0.0.1", server.port, is_master=False, timeout=datetime.timedelta(seconds=30)
         )
         mine = infra_key({"SLURM_PROCID": str(procids[torch_rank])}, torch_rank)
-        results[torch_rank] = _exchange(store, torch_rank, 3, mine)
+        found = _exchange(store, torch_rank, 3, mine, f"node-{torch_rank}")
+        results[torch_rank] = [key for key, _ in found]
 
     threads = [threading.Thread(target=node, args=(r,)) for r in range(3)]
     for t in threads:
@@ -89,6 +90,59 @@ def test_a_forged_key_in_the_store_falls_back_to_the_rendezvous_order() -> None:
         wait_for_workers=False,
         timeout=datetime.timedelta(seconds=30),
     )
-    server.set("nvrx.launcher/infra_rank/1", '{"tier": 0, "index": "0; rm -rf"}')
-    keys = _exchange(server, 0, 2, InfraKey(0, 4))
-    assert keys == [InfraKey(0, 4), InfraKey(2, 1)]
+    server.set("nvrx.launcher/infra_rank/1", '{"tier": 0, "index": "0; rm -rf", "node": "x"}')
+    found = _exchange(server, 0, 2, InfraKey(0, 4), "me")
+    assert found == [(InfraKey(0, 4), "me"), (InfraKey(2, 1), "rendezvous-rank-1")]
+
+
+def test_torch_rendezvous_gives_aligned_ranks_through_the_hook() -> None:
+    """Contract with torch: next_rendezvous can be wrapped per handler, RendezvousInfo rebuilt."""
+    from torch.distributed.elastic.rendezvous import RendezvousParameters, registry
+
+    from nvrx.launcher._group_rank import GroupRankAligner
+
+    server = TCPStore(
+        "127.0.0.1",
+        0,
+        is_master=True,
+        wait_for_workers=False,
+        timeout=datetime.timedelta(seconds=30),
+    )
+    handlers = []
+    aligners = []
+    for procid in (1, 0):
+        params = RendezvousParameters(
+            backend="c10d",
+            endpoint=f"127.0.0.1:{server.port}",
+            run_id="contract",
+            min_nodes=2,
+            max_nodes=2,
+            join_timeout="30",
+            last_call_timeout="1",
+        )
+        handler = registry.get_rendezvous_handler(params)
+        aligner = GroupRankAligner({"SLURM_PROCID": str(procid)}, f"node-{procid}")
+        aligner.install(handler)
+        handlers.append(handler)
+        aligners.append(aligner)
+    infos: dict[int, object] = {}
+
+    def join(index: int) -> None:
+        infos[index] = handlers[index].next_rendezvous()
+
+    threads = [threading.Thread(target=join, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    try:
+        assert sorted(infos) == [0, 1]
+        got = {i: info.rank for i, info in infos.items()}  # type: ignore[attr-defined]
+        assert got == {0: 1, 1: 0}  # SLURM_PROCID 1 and 0
+        assert all(info.world_size == 2 for info in infos.values())  # type: ignore[attr-defined]
+        addrs = {info.bootstrap_store_info.master_port for info in infos.values()}  # type: ignore[attr-defined]
+        assert len(addrs) == 1  # both nodes' workers meet at torch's one store
+        assert aligners[0].nodes == aligners[1].nodes == (("node-0", 0), ("node-1", 1))
+    finally:
+        for handler in handlers:
+            handler.shutdown()

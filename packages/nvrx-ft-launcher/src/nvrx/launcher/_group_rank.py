@@ -93,42 +93,77 @@ def aligned_ranks(keys: Sequence[InfraKey]) -> list[int]:
     return ranks
 
 
-def _exchange(store: Store, torch_rank: int, world_size: int, mine: InfraKey) -> list[InfraKey]:
-    """Publish ``mine`` in the round's store and read every node's key."""
-    store.set(f"{_KEY}{torch_rank}", mine.to_json())
+def _published(mine: InfraKey, node: str) -> str:
+    return json.dumps({"tier": mine.tier, "index": mine.index, "node": node})
+
+
+def _parse_published(text: bytes | str) -> tuple[InfraKey, str]:
+    """A node's published key and id; ValueError for anything else."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        raise ValueError(f"not an infra rank key: {text!r}") from None
+    if not isinstance(data, dict) or "node" not in data:
+        raise ValueError(f"not an infra rank key: {text!r}")
+    node = data.pop("node")
+    if not isinstance(node, str) or not 0 < len(node) <= 255 or not node.isprintable():
+        raise ValueError(f"not a node id: {node!r}")
+    return InfraKey.from_json(json.dumps(data)), node
+
+
+def _exchange(
+    store: Store, torch_rank: int, world_size: int, mine: InfraKey, node: str = "?"
+) -> list[tuple[InfraKey, str]]:
+    """Publish ``mine`` in the round's store and read every node's key and id."""
+    store.set(f"{_KEY}{torch_rank}", _published(mine, node))
     names = [f"{_KEY}{r}" for r in range(world_size)]
     store.wait(names, timedelta(seconds=_WAIT_S))
-    keys = []
+    found = []
     for r, name in enumerate(names):
         try:
-            keys.append(InfraKey.from_json(store.get(name)))
+            found.append(_parse_published(store.get(name)))
         except ValueError as exc:
             # A value nobody of this job wrote: that node keeps torch's order.
             logger.warning("ignoring the group rank key of rendezvous rank %d: %s", r, exc)
-            keys.append(InfraKey(2, r))
-    return keys
+            found.append((InfraKey(2, r), f"rendezvous-rank-{r}"))
+    return found
 
 
-def align_group_ranks(handler: RendezvousHandler, env: Mapping[str, str]) -> None:
-    """Make ``handler.next_rendezvous()`` return scheduler-aligned group ranks.
+class GroupRankAligner:
+    """Makes a handler's rounds give scheduler-aligned group ranks; remembers the last round.
 
-    Only ``rank`` changes: the store, world size and bootstrap store (the workers'
-    MASTER_ADDR/PORT, hosted by torch's rank 0) stay torch's, the same on every node.
+    Only ``rank`` of torch's RendezvousInfo changes: the store, world size and
+    bootstrap store (the workers' MASTER_ADDR/PORT, hosted by torch's rank 0) stay
+    torch's, the same on every node.
     """
-    original = handler.next_rendezvous
 
-    def next_rendezvous() -> RendezvousInfo:
-        info = original()
-        mine = infra_key(env, info.rank)
-        keys = _exchange(info.store, info.rank, info.world_size, mine)
-        rank = aligned_ranks(keys)[info.rank]
-        if rank != info.rank:
-            logger.info(
-                "group rank %d (from %s; the rendezvous numbered this node %d)",
-                rank,
-                ("SLURM_PROCID", "GROUP_RANK", "the rendezvous order")[mine.tier],
-                info.rank,
+    def __init__(self, env: Mapping[str, str], node: str) -> None:
+        self._env = env
+        self._node = node
+        #: (node id, group rank) of every node in the last round, by group rank.
+        self.nodes: tuple[tuple[str, int], ...] = ()
+
+    def install(self, handler: RendezvousHandler) -> None:
+        """Wrap ``handler.next_rendezvous`` (this handler only; torch's class is untouched)."""
+        original = handler.next_rendezvous
+
+        def next_rendezvous() -> RendezvousInfo:
+            info = original()
+            mine = infra_key(self._env, info.rank)
+            found = _exchange(info.store, info.rank, info.world_size, mine, self._node)
+            ranks = aligned_ranks([key for key, _ in found])
+            self.nodes = tuple(
+                sorted(((n, ranks[r]) for r, (_, n) in enumerate(found)), key=lambda pair: pair[1])
             )
-        return RendezvousInfo(info.store, rank, info.world_size, info.bootstrap_store_info)  # type: ignore[arg-type]
+            rank = ranks[info.rank]
+            if rank != info.rank:
+                logger.info(
+                    "group rank %d (from %s; the rendezvous numbered this node %d)",
+                    rank,
+                    ("SLURM_PROCID", "GROUP_RANK", "the rendezvous order")[mine.tier],
+                    info.rank,
+                )
+            bootstrap = info.bootstrap_store_info
+            return RendezvousInfo(info.store, rank, info.world_size, bootstrap)  # type: ignore[arg-type]
 
-    handler.next_rendezvous = next_rendezvous  # type: ignore[method-assign]
+        handler.next_rendezvous = next_rendezvous  # type: ignore[method-assign]
