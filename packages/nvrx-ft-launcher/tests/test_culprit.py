@@ -129,3 +129,41 @@ def test_evidence_from_a_parsed_event() -> None:
     )
     got = RankEvidence.from_event(parse_monitor_event(sent.to_bytes()))
     assert got == RankEvidence(3, "heartbeat_timeout", T0, 8.0, 8.0, USER)
+
+
+def _stopped(
+    rank: int, state: str, wall: float = T0, stack: StackSummary | None = None
+) -> RankEvidence:
+    return RankEvidence(rank, "heartbeat_timeout", wall, 8.0, 8.0, stack, proc_state=state)
+
+
+def test_a_rank_stopped_by_a_signal_is_the_culprit() -> None:
+    """SIGSTOP (the demo's SimulatedFault hang): no stack, no timing margin, state T."""
+    found = find_culprit(
+        [_stopped(0, "S", stack=ALL_REDUCE), _stopped(1, "T"), _stopped(2, "R", stack=ALL_REDUCE)],
+        world_size=3,
+    )
+    assert (found.culprit, found.victims, found.basis) == (1, (0, 2), (Basis.STOPPED,))
+    assert found.sentence.startswith("rank 1: stopped by a signal (state T), last heartbeat")
+    assert found.to_json()["basis"] == ["stopped"]
+    # Without the state the same evidence is undecided (a stack is missing, no margin).
+    plain = [_stopped(0, "S", stack=ALL_REDUCE), ev(1), _stopped(2, "R", stack=ALL_REDUCE)]
+    assert find_culprit(plain, world_size=3).culprit is None
+
+
+def test_two_stopped_ranks_fall_back_to_the_other_rules() -> None:
+    found = find_culprit([_stopped(0, "T"), _stopped(1, "T")], world_size=2)
+    assert found.culprit is None
+    # A missing rank of the world still keeps it undecided.
+    assert find_culprit([_stopped(0, "T"), ev(1)], world_size=3).culprit is None
+
+
+def test_the_process_state_comes_from_the_event() -> None:
+    from nvrx.ft import parse_monitor_event
+
+    sent = MonitorEvent(
+        "rank_terminated", 0, 3, 99, cause="heartbeat_timeout", message="m", proc_state="T"
+    )
+    got = RankEvidence.from_event(parse_monitor_event(sent.to_bytes()))
+    assert got is not None
+    assert got.proc_state == "T"

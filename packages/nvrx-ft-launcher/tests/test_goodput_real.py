@@ -43,6 +43,16 @@ def test_a_crash_is_costed_and_the_job_summarised(
     restart = next(r for r in records if r["event"] == "restart")
     assert cost["stop_s"] == pytest.approx(restart["stop_s"], abs=0.05), (cost, restart)
 
+    # Every cycle's first step came from the monitors (rank_first_step), so the cost has
+    # its first-step phase and ETTR is exact, not an upper bound.
+    first_steps = [r for r in records if r["event"] == "first_step"]
+    assert [r["cycle"] for r in first_steps] == [0, 1], first_steps
+    assert all(r["local_ranks"] == [0, 1] for r in first_steps), first_steps
+    started = {r["cycle"]: r["t"] for r in records if r["event"] == "workers_started"}
+    assert all(r["first_step"] > started[r["cycle"]] for r in first_steps), (first_steps, started)
+    assert cost["first_step_s"] is not None, cost
+    assert cost["first_step_s"] > 0, cost
+
     summaries = [r for r in records if r["event"] == "job_goodput"]
     assert len(summaries) == 1, summaries
     summary = summaries[0]["summary"]
@@ -51,6 +61,7 @@ def test_a_crash_is_costed_and_the_job_summarised(
     assert sum(summary["seconds"].values()) == pytest.approx(summary["total_s"], abs=1e-6)
     assert summary["by_cause"]["crash"] > 0, summary
     assert len(summary["restarts"]) == 1
+    assert not any("first step" in u for u in summary["unknown"]), summary
     # The job summary comes before launch.py's last record, and its span is the run's.
     finished = records[-1]
     assert finished["event"] == "finished", finished

@@ -129,3 +129,35 @@ def test_the_final_stop_record_comes_from_finished_only_when_no_cycle_ended(
     assert [c["action"] for c in _lines(tmp_path / "c2")] == ["stop"]
     for line in _lines(tmp_path / "j1") + _lines(tmp_path / "j2"):
         _validator("journal").validate(line)
+
+
+def test_every_event_type_is_in_the_schema_and_its_records_validate(
+    tmp_path: pathlib.Path,
+) -> None:
+    from nvrx.launcher import _events
+
+    kinds = {
+        cls.EVENT
+        for cls in vars(_events).values()
+        if isinstance(cls, type) and issubclass(cls, _events.Event) and cls is not _events.Event
+    }
+    schema = json.loads(schema_path("journal").read_text())
+    assert kinds <= set(schema["properties"]["event"]["enum"])
+    recorder = Recorder(JsonLines(tmp_path / "j", node="n"), JsonLines(None))
+    recorder.record(_events.FirstStep(2, 10.5, 3.0, [0, 1]))
+    recorder.record(
+        _events.CycleStarted(1, 1, 0, 4, {0: 0, 1: 1}, [{"node_id": "n", "group_rank": 0}])
+    )
+    recorder.record(_events.NodeUnhealthy(0, [{"check": "nic", "reason": "mlx5_0 DOWN"}], []))
+    recorder.record(_events.GpuMemoryReclaim(1, False, 50.0, {0: 900.0}, {0: 0.0}, []))
+    recorder.record(_events.NumaBinding(0, "none", False, {0: None}, "one NUMA node"))
+    validator = _validator("journal")
+    for line in _lines(tmp_path / "j"):
+        validator.validate(line)
+    assert [r["event"] for r in _lines(tmp_path / "j")] == [
+        "first_step",
+        "cycle_start",
+        "node_unhealthy",
+        "gpu_memory_reclaim",
+        "numa_binding",
+    ]

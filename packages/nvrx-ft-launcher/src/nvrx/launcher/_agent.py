@@ -50,6 +50,7 @@ from ._culprit import CulpritFinding, RankEvidence, find_culprit
 from ._events import (
     AllNodesFinished,
     DecisionTaken,
+    FirstStep,
     HangAttributed,
     JobGoodput,
     MonitorDied,
@@ -117,6 +118,9 @@ class _Cycle:
     #: a decision ends it (also those that arrive while waiting for hang evidence).
     shutdown_request: MonitorEvent | None = None
     exclude_request: MonitorEvent | None = None
+    #: Each local rank's ``rank_first_step`` event, and whether ``first_step`` was journalled.
+    first_steps: dict[int, MonitorEvent] = dataclasses.field(default_factory=dict)
+    first_step_recorded: bool = False
 
     def note_request(self, event: MonitorEvent) -> None:
         """Keep a workload control request (the first of each kind) for this cycle."""
@@ -629,6 +633,7 @@ class FtAgent(LocalElasticAgent):
                             None if event.open_sections is None else list(event.open_sections)
                         ),
                         stack=None if event.stack is None else event.stack.to_json(),
+                        proc_state=event.proc_state,
                     )
                 )
                 logger.warning(
@@ -638,6 +643,8 @@ class FtAgent(LocalElasticAgent):
                     event.pid,
                     event.message,
                 )
+            elif event.event == "rank_first_step":
+                self._note_first_step(event)
             elif event.event == "workload_control":
                 logger.warning(
                     "rank %d (local rank %d, pid %d) requests %s: %s",
@@ -658,6 +665,26 @@ class FtAgent(LocalElasticAgent):
                     )
                 )
                 self._cycle.note_request(event)
+
+    def _note_first_step(self, event: MonitorEvent) -> None:
+        """Journal the cycle's ``first_step`` once every local rank finished its first step."""
+        if event.step_wall is None:
+            return
+        cycle = self._cycle
+        cycle.first_steps.setdefault(event.local_rank, event)
+        local = self._worker_group.spec.local_world_size
+        if cycle.first_step_recorded or len(cycle.first_steps) < local:
+            return
+        cycle.first_step_recorded = True
+        steps = cycle.first_steps.values()
+        self._recorder.record(
+            FirstStep(
+                cycle=cycle.number,
+                first_step=max(e.step_wall or 0.0 for e in steps),
+                since_init_s=max(e.since_init_s or 0.0 for e in steps),
+                local_ranks=sorted(cycle.first_steps),
+            )
+        )
 
     def _hang_evidence(self) -> list[RankEvidence]:
         found = map(RankEvidence.from_event, self._cycle.terminated.values())

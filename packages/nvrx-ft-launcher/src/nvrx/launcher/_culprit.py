@@ -4,14 +4,18 @@ When one rank hangs, its peers block in the next collective within milliseconds,
 heartbeating and are terminated by their monitors too. Each monitor's
 ``rank_terminated`` event carries the rank's last activity time and, when the monitor
 could read the rank's stack dump, where its training thread was
-(:class:`nvrx.ft.StackSummary`). Two rules read that evidence:
+(:class:`nvrx.ft.StackSummary`) and its scheduler state just before the monitor signalled
+it. Three rules read that evidence:
 
+- stopped: exactly one rank was stopped by a signal (state ``T``, e.g. SIGSTOP): it was
+  frozen, not waiting on anyone, so it is the culprit whatever the other rules say (a
+  stopped rank cannot dump its stack, and its peers went stale at about the same time);
 - stack: every rank has a stack, exactly one is outside a collective and the others
   are blocked inside one;
 - timing: one rank's last activity (heartbeat, section open or close; wall clock, so
   ranks of other nodes compare) is earlier than every other rank's by ``min_margin_s``.
 
-A rule names a rank only when the other rule does not contradict it (the two name
+Otherwise a rule names a rank only when the other rule does not contradict it (the two name
 different ranks, the stack rule's rank went stale last by the margin, or the timing
 rule's rank is in a collective while another is not). Everything else is "undecided":
 never a guess.
@@ -40,6 +44,7 @@ class Basis(enum.Enum):
 
     STACK = "stack"
     TIMING = "timing"
+    STOPPED = "stopped"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +57,8 @@ class RankEvidence:
     last_heartbeat_s: float | None = None
     last_activity_s: float | None = None
     stack: StackSummary | None = None
+    #: The rank's /proc state letter before its monitor signalled it (None: not read).
+    proc_state: str | None = None
 
     @classmethod
     def from_event(cls, event: MonitorEvent) -> RankEvidence | None:
@@ -65,11 +72,14 @@ class RankEvidence:
             last_heartbeat_s=event.last_heartbeat_s,
             last_activity_s=event.last_activity_s,
             stack=event.stack,
+            proc_state=event.proc_state,
         )
 
     def describe(self) -> str:
         """'last heartbeat 8.0 s ago, stack in train.py:53' (what is known of it)."""
         parts = []
+        if self.proc_state == "T":
+            parts.append("stopped by a signal (state T)")
         if self.last_heartbeat_s is not None:
             parts.append(f"last heartbeat {self.last_heartbeat_s:.1f} s ago")
         elif self.last_activity_s is not None:
@@ -185,6 +195,17 @@ def find_culprit(
                 only.rank, (), (), "the only rank", f"rank {only.rank}: {only.describe()}"
             )
         return undecided("evidence from one rank only")
+    stopped = [ev.rank for ev in items if ev.proc_state == "T"]
+    if len(stopped) == 1:
+        frozen = stopped[0]
+        waiting = [ev for ev in items if ev.rank != frozen]
+        return CulpritFinding(
+            frozen,
+            tuple(ev.rank for ev in waiting),
+            (Basis.STOPPED,),
+            "it was stopped by a signal (state T) while the others waited",
+            f"rank {frozen}: {seen[frozen].describe()}; {_grouped(waiting)}",
+        )
     by_stack = _by_stack(items)
     by_timing = _by_timing(items, min_margin_s)
     if by_stack is not None and by_timing is not None and by_stack != by_timing:

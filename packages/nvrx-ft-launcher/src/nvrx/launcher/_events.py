@@ -118,6 +118,83 @@ class RankTerminatedByMonitor(Event):
     last_heartbeat_s: float | None = None
     open_sections: list[str] | None = None
     stack: dict[str, Any] | None = None
+    #: The rank's /proc state letter before its monitor signalled it ("T": stopped).
+    proc_state: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class FirstStep(Event):
+    """Every local rank of the cycle finished its first iteration (``rank_first_step``)."""
+
+    EVENT: ClassVar[str] = "first_step"
+    cycle: int
+    #: When the last local rank finished its first iteration (Unix time).
+    first_step: float
+    #: The longest rank start-up: init_workload_monitoring to its first iteration's end.
+    since_init_s: float
+    local_ranks: list[int]
+
+
+@dataclasses.dataclass(frozen=True)
+class CycleStarted(Event):
+    """The ranks of a cycle are about to be spawned on this node (cycle-info file's start)."""
+
+    EVENT: ClassVar[str] = "cycle_start"
+    cycle: int
+    restart_count: int
+    group_rank: int | None
+    world_size: int
+    #: Local rank -> global rank.
+    local_ranks: dict[int, int]
+    #: ``[{"node_id": str, "group_rank": int}]`` as known on this node.
+    nodes: list[dict[str, Any]]
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeUnhealthy(Event):
+    """A health check before a rendezvous failed: this node leaves the job (exit 3)."""
+
+    EVENT: ClassVar[str] = "node_unhealthy"
+    #: The job cycle it was about to join (0 at start).
+    cycle: int
+    #: ``[{"check": "storage" | "nic" | "gpu" | "command", "reason": "..."}]``
+    failures: list[dict[str, str]]
+    #: Checks that could not run here, e.g. ``["gpu: no NVML (...)"]``.
+    skipped: list[str]
+
+
+@dataclasses.dataclass(frozen=True)
+class GpuMemoryReclaim(Event):
+    """After a cycle's ranks stopped, before the next start: did the GPU memory come back."""
+
+    EVENT: ClassVar[str] = "gpu_memory_reclaim"
+    #: The cycle about to start.
+    cycle: int
+    #: False: timed out.
+    reclaimed: bool
+    waited_s: float
+    #: Per GPU index at the last poll.
+    used_mb: dict[int, float]
+    #: Per GPU index before the first start.
+    baseline_mb: dict[int, float]
+    #: ``[{"pid": int, "name": str, "gpu": int, "used_mb": float}]``
+    leftover: list[dict[str, Any]]
+
+
+@dataclasses.dataclass(frozen=True)
+class NumaBinding(Event):
+    """How the ranks of a start were bound to NUMA nodes (NVRX_GPUS_PER_NUMA set)."""
+
+    EVENT: ClassVar[str] = "numa_binding"
+    cycle: int
+    #: ``numactl``, ``sched_setaffinity`` or ``none``.
+    method: str
+    #: --ft-numa-bind-strict.
+    strict: bool
+    #: Local rank -> NUMA node (None: not bound).
+    nodes: dict[int, int | None]
+    #: Why nothing was bound (e.g. one NUMA node).
+    reason: str | None
 
 
 @dataclasses.dataclass(frozen=True)
