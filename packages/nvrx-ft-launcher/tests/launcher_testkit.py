@@ -35,6 +35,37 @@ FAST_FT = [
 ]
 
 
+def run_launcher_group(
+    args: list[str], *, env: dict[str, str], timeout: float
+) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m nvrx.launcher ARGS`` in a process group of its own.
+
+    If it does not end within ``timeout`` (or the wait fails), SIGKILL that group by the
+    launcher's PID and reap it, so neither the launcher nor its monitors outlive the
+    test. A launcher that ended by itself is left alone: what it left behind is for the
+    test to find, not to hide.
+    """
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "nvrx.launcher", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
+    ended = False
+    try:
+        out, err = proc.communicate(timeout=timeout)
+        ended = True
+    finally:
+        if not ended:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.kill()
+            proc.wait(10)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
 def free_port() -> int:
     """A TCP port nobody listens on right now."""
     with socket.socket() as sock:

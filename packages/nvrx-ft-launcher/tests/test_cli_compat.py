@@ -7,13 +7,11 @@ import json
 import logging
 import os
 import pathlib
-import subprocess
-import sys
 import textwrap
 from collections.abc import Callable
 
 import pytest
-from launcher_testkit import Launcher  # type: ignore[import-not-found]
+from launcher_testkit import Launcher, run_launcher_group  # type: ignore[import-not-found]
 
 from nvrx.ft import FaultToleranceConfig
 from nvrx.launcher._nvrx_only import NVRX_ONLY_OPTIONS, _Given, warn_without_effect
@@ -326,11 +324,8 @@ def test_real_launch_passes_script_arguments_untouched(tmp_path: pathlib.Path) -
     out = tmp_path / "argv.json"
     env = dict(os.environ, ARGV_OUT=str(out), NVRX_LAUNCHER_LOGLEVEL="DEBUG", OMP_NUM_THREADS="1")
     env.pop("NVRX_FT_MONITOR_SOCKET", None)
-    proc = subprocess.Popen(
+    done = run_launcher_group(
         [
-            sys.executable,
-            "-m",
-            "nvrx.launcher",
             f"--fault-tol-cfg-path={empty}",
             "--ignore-missing-fault-tol-cfg",
             "--ft-param-rank_heartbeat_timeout",
@@ -345,18 +340,11 @@ def test_real_launch_passes_script_arguments_untouched(tmp_path: pathlib.Path) -
             str(script),
             *SCRIPT_ARGS,
         ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
         env=env,
+        timeout=150,
     )
-    try:
-        log, _ = proc.communicate(timeout=150)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
-    assert proc.returncode == 0, log
+    log = done.stdout + done.stderr
+    assert done.returncode == 0, log
     got = json.loads(out.read_text())
     assert got == {"argv": SCRIPT_ARGS, "monitors": 1}, log
     assert "early monitors: started" in log

@@ -6,12 +6,12 @@ import os
 import pathlib
 import shutil
 import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
 
 import psutil
 import pytest
+from launcher_testkit import run_launcher_group  # type: ignore[import-not-found]
 
 from nvrx.launcher import ExitCode
 from nvrx.launcher.cli import main
@@ -88,14 +88,8 @@ def test_progress_file_must_be_a_regular_file(
 def _run_launcher(args: list[str], runtime: pathlib.Path) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, XDG_RUNTIME_DIR=str(runtime), NVRX_LAUNCHER_LOGLEVEL="DEBUG")
     env.pop("NVRX_FT_MONITOR_SOCKET", None)
-    return subprocess.run(
-        [sys.executable, "-m", "nvrx.launcher", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-        check=False,
-    )
+    done: subprocess.CompletedProcess[str] = run_launcher_group(args, env=env, timeout=120)
+    return done
 
 
 def _processes_using(path: pathlib.Path) -> list[psutil.Process]:
