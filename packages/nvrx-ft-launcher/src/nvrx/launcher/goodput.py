@@ -30,8 +30,11 @@ The rules (all times are Unix times from the journal):
 Multi-node: each node's records give a :class:`Timeline`; :meth:`Timeline.merge` takes
 each boundary's earliest (fault, noticed) or latest (started, first step, stopped,
 rendezvous done, ended) value over nodes. The merge is commutative, associative and
-idempotent, so every node holding the same timelines computes the same accounting; the
-node of group rank :data:`SUMMARY_GROUP_RANK` writes the job summary.
+idempotent, so every node holding the same timelines computes the same accounting. At
+the job's end each node publishes its timeline (:meth:`Ledger.timeline`, signed, through
+the rendezvous store) and the node of group rank :data:`SUMMARY_GROUP_RANK`
+(:func:`writes_job_summary`) merges the ones it gets within a few seconds and journals
+the job summary (``job_goodput``); every node journals its own view (``node_goodput``).
 """
 
 from __future__ import annotations
