@@ -18,6 +18,7 @@ from nvrx.ft import (
 )
 
 from ._compat import Callback, LightningModule, Timer, Trainer
+from ._cycle_metrics import report_cycle_metrics, trainer_and_module
 from .ft_state import FT_DIR_NAME, StatePart, load_ft_state, save_ft_state
 from .simulated_fault import (
     SimulatedFault,
@@ -75,6 +76,9 @@ class FtCallbackBase(Callback):
     FT_DIR_NAME = FT_DIR_NAME
     #: The part of the FT state this callback calculates and loads.
     _STATE_PART: StatePart
+    #: Logs the restart cycle, restart count and goodput at on_train_start (the first nvrx
+    #: callback on the trainer that does is the one that logs them).
+    _reports_cycle_metrics = True
 
     def __init__(
         self,
@@ -209,6 +213,11 @@ class FtCallbackBase(Callback):
         )
         self.simulated_fault = SimulatedFault(plan, self._rank, self.logger)
         self.simulated_fault.start()
+
+    def _report_cycle(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """The cycle-info metrics, once per fit (a rank lives for one restart cycle)."""
+        trainer, pl_module = trainer_and_module(args, kwargs)
+        report_cycle_metrics(self, trainer, pl_module, self._log0)
 
     # -- end of fit: the same frame for both callbacks ---------------------------------------
 

@@ -106,8 +106,9 @@ class FaultToleranceCallback(FtCallbackBase):
             self.state_machine.on_heartbeat_sent()
 
     def on_train_start(self, *args: Any, **kwargs: Any) -> None:
-        """Heartbeat when training starts."""
+        """Heartbeat when training starts; log the restart cycle's metrics."""
         self._heartbeat()
+        self._report_cycle(args, kwargs)
 
     def on_train_batch_end(self, *args: Any, **kwargs: Any) -> None:
         """Heartbeat and count the iteration after each training batch."""

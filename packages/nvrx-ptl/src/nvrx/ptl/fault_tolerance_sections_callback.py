@@ -239,6 +239,10 @@ class FaultToleranceSectionsCallback(FtCallbackBase):
 
     # -- progress ----------------------------------------------------------------------------
 
+    def on_train_start(self, *args: Any, **kwargs: Any) -> None:
+        """Log the restart cycle's metrics (once per fit)."""
+        self._report_cycle(args, kwargs)
+
     def on_train_batch_start(self, *args: Any, **kwargs: Any) -> None:
         """First batch ends 'setup'; count iterations."""
         if self.fault_tol_client is None:

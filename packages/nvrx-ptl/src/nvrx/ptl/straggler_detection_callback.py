@@ -12,6 +12,7 @@ from typing import Any
 from nvrx.straggler import Detector, Report, SustainedSlowdownRule
 
 from ._compat import Callback, LightningModule, Trainer, save_last_checkpoint
+from ._cycle_metrics import report_cycle_metrics
 from ._verdict import share_verdict
 from .straggler_scores import finite_scores, format_rank_scores, score_summary
 
@@ -292,6 +293,15 @@ class StragglerDetectionCallback(Callback):
             )
             self._shutdown()
         return self.initialized
+
+    @property
+    def _reports_cycle_metrics(self) -> bool:
+        """Logs the restart cycle, restart count and goodput too, with enable_ptl_logging."""
+        return bool(self.enable_ptl_logging)
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """Log the restart cycle's metrics (once per fit)."""
+        report_cycle_metrics(self, trainer, pl_module, self._log0)
 
     def on_train_batch_start(
         self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int
