@@ -335,7 +335,11 @@ def _field(
     return dataclasses.field(default=default, metadata={"nvrx": spec})
 
 
-_NO_PRE_RDZV_CHECKS = "nvrx runs no health checks before the rendezvous"
+_NO_STORAGE_HEALTH = (
+    "ft_launcher does not query Lustre/NFS health; storage_healthcheck_path checks that "
+    "paths are writable before each rendezvous"
+)
+_NO_SEGMENTS = "ft_launcher has no segment-aware rank assignment, so no segment health files"
 _LAUNCHER_PROGRESS = (
     "ft_launcher's progress rule is set with its own options "
     "(--ft-max-no-progress-cycles, --ft-min-progress-iterations, --ft-progress-file)"
@@ -473,28 +477,28 @@ class FaultToleranceConfig:
     enable_nic_healthcheck: bool = _field(
         False,
         parse_bool,
-        "NVRx: check NIC port states before the rendezvous",
-        without_effect=_NO_PRE_RDZV_CHECKS + "; enable_nic_monitor watches link_downed",
+        "ft_launcher: before each rendezvous every NIC port's state file "
+        "(link_state_path_template) must say ACTIVE, else the node leaves the job (exit 3)",
     )
     link_state_path_template: str | None = _field(
         None,
         _nic_template(("{nic}",)),
-        "NVRx: path of a NIC port's state file, with {nic}",
+        "path of a NIC port's state file for enable_nic_healthcheck, with {nic} "
+        "(default /sys/class/infiniband/{nic}/ports/1/state)",
         nullable=True,
-        without_effect="used only by enable_nic_healthcheck, which nvrx does not run",
     )
     enable_dist_storage_healthcheck: bool = _field(
         False,
         parse_bool,
         "NVRx: check Lustre/NFS health before the rendezvous",
-        without_effect=_NO_PRE_RDZV_CHECKS,
+        without_effect=_NO_STORAGE_HEALTH,
     )
     storage_healthcheck_path: str | None = _field(
         None,
         _optional_str,
-        "NVRx: comma-separated paths checked before the rendezvous",
+        "ft_launcher: comma-separated paths that must exist and be writable within a "
+        "timeout before each rendezvous, else the node leaves the job",
         nullable=True,
-        without_effect=_NO_PRE_RDZV_CHECKS,
     )
     segment: int | None = _field(
         None,
@@ -506,32 +510,29 @@ class FaultToleranceConfig:
     numa_bind_strict: bool = _field(
         True,
         parse_bool,
-        "NVRx: bind memory as well as CPUs to the GPU's NUMA node",
-        without_effect="ft_launcher does no NUMA binding (use numactl in the rank command)",
+        "with NVRX_GPUS_PER_NUMA: bind memory as well as CPUs to the GPU's NUMA node "
+        "(numactl --membind; false: --localalloc)",
     )
     gpu_memory_reclaim_timeout: float = _field(
         50.0,
         _positive_float,
-        "NVRx: seconds to wait for GPU memory to be freed before restarting workers",
-        without_effect="ft_launcher restarts once the old ranks have exited; no memory polling",
+        "seconds ft_launcher waits for the GPUs' memory to be freed before restarting "
+        "workers (NVML; skipped without it)",
     )
     gpu_memory_tolerance_mb: float = _field(
         512.0,
         _non_negative_float,
-        "NVRx: GPU memory (MB) still counted as freed",
-        without_effect="ft_launcher does not poll GPU memory",
+        "GPU memory (MB) above the baseline still counted as freed",
     )
     gpu_memory_poll_interval: float = _field(
         2.0,
         _positive_float,
-        "NVRx: seconds between GPU memory polls",
-        without_effect="ft_launcher does not poll GPU memory",
+        "seconds between GPU memory polls",
     )
     check_remaining_processes: bool = _field(
         False,
         parse_bool,
-        "NVRx: log worker processes left after termination",
-        without_effect="ft_launcher always reaps every rank's process group",
+        "name the processes still holding GPU memory when the GPU memory wait ends",
     )
     max_no_progress_cycles: int = _field(
         3,
@@ -579,16 +580,16 @@ class FaultToleranceConfig:
     cycle_info_dir: str | None = _field(
         None,
         _optional_str,
-        "NVRx: directory of per-cycle info JSON files",
+        "directory of the per-cycle info files (nvrx.ft.CycleInfo), written by group "
+        "rank 0 at each cycle's start and end; ranks get NVRX_CURRENT_CYCLE_INFO",
         nullable=True,
-        without_effect="ft_launcher records cycles in its journal (--ft-journal) instead",
     )
     segment_health_check_dir: str | None = _field(
         None,
         _optional_str,
         "NVRx: shared directory of per-task segment health decisions",
         nullable=True,
-        without_effect=_NO_PRE_RDZV_CHECKS,
+        without_effect=_NO_SEGMENTS,
     )
 
     def __post_init__(self) -> None:
