@@ -40,13 +40,15 @@ from torch.distributed.elastic.multiprocessing import LogsSpecs
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
 
-from nvrx.ft import MonitorEvent
+from nvrx.ft import CycleGoodput, MonitorEvent
 from nvrx.ft._termination import STACK_DUMP_PAUSE_S
 
 from . import _torch_compat as compat
 from . import goodput
+from ._cluster import ClusterOptions
 from ._coordination import Decision, JobCoordinator, JobState
 from ._culprit import CulpritFinding, RankEvidence, find_culprit
+from ._cycle_steps import CycleSteps
 from ._events import (
     AllNodesFinished,
     DecisionTaken,
@@ -69,6 +71,7 @@ from ._events import (
 )
 from ._job_key import KEY_ENV, KEY_FILE_ENV, load_job_key
 from ._monitors import MonitorSupervisor
+from ._numa import NumaPlan
 from ._policy import Progress, RestartPolicy, Trigger, decide, leaves_job, trigger_of
 from ._progress import check_progress_file, read_progress
 from ._rendezvous import renew_worker_store
@@ -192,6 +195,8 @@ class FtAgent(LocalElasticAgent):
         log_line_prefix_template: str | None = None,
         spares: SparePool | None = None,
         metrics: NullRecorder = NULL_RECORDER,
+        cluster: ClusterOptions | None = None,
+        numa: NumaPlan | None = None,
     ) -> None:
         super().__init__(
             spec,
@@ -230,15 +235,42 @@ class FtAgent(LocalElasticAgent):
         self._last_progress: int | None = None
         self._wake: socket.socket | None = None
         self._spares = spares
+        self._cycle_started = False
+        # Health checks, GPU memory wait, NUMA record, cycle-info file, aligned ranks.
+        self._steps = CycleSteps(
+            cluster or ClusterOptions(),
+            recorder,
+            self._node,
+            run_id=spec.rdzv_handler.get_run_id(),
+            numa=numa,
+            goodput=self._cycle_goodput,
+        )
+        self._steps.install(spec.rdzv_handler)
 
     # -- goodput -------------------------------------------------------------------
 
     def _account(self, record: dict[str, Any]) -> None:
-        """Feed a journal record to the ledger; journal and log each restart cost it completes."""
+        """Feed a journal record to the ledger; journal and log each restart cost it completes.
+
+        The cycle-info file follows the journal too.
+        """
+        self._steps.feed(record)
         for cost in self._ledger.feed(record):
             self._recorder.record(RestartCostMeasured(cost))
             logger.info("%s", cost.format())
             self._update_goodput_gauges(force=True)
+
+    def _cycle_goodput(self) -> CycleGoodput | None:
+        """The job's goodput so far, for the cycle-info file (None before any time passed)."""
+        summary = self._ledger.summary(now=time.time())
+        if summary.ettr is None:
+            return None
+        productive = min(summary.seconds[goodput.Phase.PRODUCTIVE], summary.total_s)
+        return CycleGoodput(
+            productive_s=max(0.0, productive),
+            wall_s=summary.total_s,
+            ettr=min(1.0, max(0.0, summary.ettr)),
+        )
 
     def _count_restart(self, from_cycle: int) -> None:
         """The restart metrics, as soon as the new cycle's ranks started.
@@ -355,6 +387,13 @@ class FtAgent(LocalElasticAgent):
         # the job-wide cycle number, the same on every node.
         spec = worker_group.spec
         compat.set_remaining_restarts(self, spec.max_restarts - self._state.cycle)
+        health = self._steps.check_health(self._state.cycle)
+        if not health.healthy:
+            if self._coord is not None:  # a restart: the others re-form without us
+                self._leave_rendezvous()
+            raise LauncherExit(
+                int(ExitCode.NODE_EXCLUDED), f"this node failed its health check: {health.reason}"
+            )
         if self._coord is not None:  # a restart: new ranks get an empty store
             renew_worker_store(spec.rdzv_handler)
         super()._rendezvous(worker_group)
@@ -386,11 +425,20 @@ class FtAgent(LocalElasticAgent):
         logger.debug("monitors ready")
         for local_rank in range(worker_group.spec.local_world_size):
             self._metrics.monitor_health(local_rank, True)
+        self._steps.before_start(self._state.cycle, restart=self._cycle_started)
         self._cycle = _Cycle(
             number=self._state.cycle,
             started=time.time(),
             progress=read_progress(self._policy.progress_file),
         )
+        self._steps.cycle_started(
+            self._cycle.number,
+            self._state.cycle,
+            worker_group.group_rank,
+            worker_group.workers[0].world_size if worker_group.workers else 0,
+            {w.local_rank: w.global_rank for w in worker_group.workers},
+        )
+        self._cycle_started = True
         with spare_handlers(self._spares) as handlers:
             worker_ids: dict[int, Any] = super()._start_workers(worker_group)
         warm = sorted(h.local_rank_id for h in handlers if h.warm)

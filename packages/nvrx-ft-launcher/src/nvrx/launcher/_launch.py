@@ -33,9 +33,11 @@ from nvrx.ft import FaultToleranceConfig
 
 from . import metrics
 from ._agent import FtAgent, LauncherExit, RestartPolicy
+from ._cluster import ClusterOptions
 from ._events import Finished, Recorder, RunStarted
 from ._exec_shim import shim_args
 from ._monitors import MonitorSupervisor
+from ._numa import NumaPlan, machine_plan, wrap_command
 from ._rendezvous import tune_rendezvous
 from ._spares import SAFE_FLAGS, SparePool, python_command
 from .exit_codes import ExitCode, exit_code_for_signal
@@ -69,6 +71,8 @@ class LaunchOptions:
     metrics_addr: str = "127.0.0.1"
     warm_spares: bool = False
     warm_spare_preload: tuple[str, ...] = ("torch",)
+    #: Health checks, GPU memory wait, NUMA, cycle info, per-cycle logs (issue 17).
+    cluster: ClusterOptions = dataclasses.field(default_factory=ClusterOptions)
 
 
 def _raise_signal(signum: int, frame: FrameType | None) -> None:
@@ -103,6 +107,7 @@ def _spec(
     handler: RendezvousHandler,
     params: RendezvousParameters,
     monitors: MonitorSupervisor,
+    numa: NumaPlan | None = None,
 ) -> WorkerSpec:
     config = options.config
     master_addr, master_port = _static_master(params)
@@ -122,7 +127,10 @@ def _spec(
         role=config.role,
         local_world_size=config.nproc_per_node,
         entrypoint=sys.executable,
-        args=shim_args(socket_template, options.command),
+        args=shim_args(
+            socket_template,
+            options.command if numa is None else wrap_command(numa, options.command),
+        ),
         rdzv_handler=handler,
         max_restarts=config.max_restarts,
         monitor_interval=config.monitor_interval,
@@ -147,8 +155,24 @@ def _metrics_server(options: LaunchOptions) -> metrics.MetricsServer | None:
         ) from None
 
 
-def _spare_pool(options: LaunchOptions) -> SparePool | None:
+def _numa_plan(options: LaunchOptions) -> NumaPlan | None:
+    """Where each local rank runs, when NVRX_GPUS_PER_NUMA asks for NUMA binding."""
+    cluster = options.cluster
+    if cluster.gpus_per_numa is None:
+        return None
+    return machine_plan(
+        options.config.nproc_per_node, cluster.gpus_per_numa, cluster.numa_bind_strict
+    )
+
+
+def _spare_pool(options: LaunchOptions, numa: NumaPlan | None = None) -> SparePool | None:
     if not options.warm_spares:
+        return None
+    if numa is not None and numa.binds:
+        logger.warning(
+            "--warm-spares is off while NVRX_GPUS_PER_NUMA binds ranks to NUMA nodes (each "
+            "rank starts through the binding wrapper); ranks will start cold"
+        )
         return None
     command = python_command(options.command)
     if command is None:
@@ -195,7 +219,8 @@ def launch(options: LaunchOptions, monitors: MonitorSupervisor | None = None) ->
     code: int = ExitCode.LAUNCHER_ERROR
     reason = ""
     handler: RendezvousHandler | None = None
-    spares = _spare_pool(options)
+    numa = _numa_plan(options)
+    spares = _spare_pool(options, numa)
     server: metrics.MetricsServer | None = None
     try:
         handled = _install_signal_handlers(config.signals_to_handle)
@@ -211,7 +236,7 @@ def launch(options: LaunchOptions, monitors: MonitorSupervisor | None = None) ->
         tune_rendezvous(handler, options.rdzv_poll_interval)
         logger.debug("rendezvous handler ready")
         agent = FtAgent(
-            _spec(options, handler, params, monitors),
+            _spec(options, handler, params, monitors, numa),
             config.logs_specs,  # type: ignore[arg-type]
             policy,
             monitors,
@@ -221,6 +246,8 @@ def launch(options: LaunchOptions, monitors: MonitorSupervisor | None = None) ->
             recorder=recorder,
             spares=spares,
             metrics=metrics.NULL_RECORDER if server is None else server.recorder,
+            cluster=options.cluster,
+            numa=numa,
         )
         recorder.record(
             RunStarted(

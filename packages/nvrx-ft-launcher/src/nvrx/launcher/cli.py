@@ -612,7 +612,7 @@ def _options(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Launc
     except Exception as exc:  # torch raises ValueError, RuntimeError, AssertionError, ...
         parser.error(f"{exc or type(exc).__name__}")
     assert isinstance(cmd, str)
-    _cluster_settings(args, ft_cfg, parser, config)
+    cluster = _cluster_settings(args, ft_cfg, parser, config)
     return LaunchOptions(
         config=config,
         command=[cmd, *cmd_args],
@@ -630,6 +630,7 @@ def _options(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Launc
         cycle_log=args.ft_cycle_log,
         metrics_port=args.ft_metrics_port,
         metrics_addr=args.ft_metrics_addr,
+        cluster=cluster,
         journal=args.ft_journal
         or (os.path.join(args.log_dir, "ft_launcher_events.jsonl") if args.log_dir else None),
     )

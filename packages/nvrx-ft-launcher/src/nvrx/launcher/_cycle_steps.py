@@ -1,0 +1,189 @@
+"""The cluster features as steps of the restart cycle, called by the agent at three points.
+
+- before each rendezvous (the first and every restart): the node health checks;
+- before each start of the ranks: the GPU memory wait (restarts only), the NUMA
+  binding's journal record, and the ``cycle_start`` record (the cycle-info file's start);
+- for every journal record: the cycle-info file (:class:`~._cycle_records.CycleInfoSink`).
+
+Each step journals what it found through the agent's Recorder; none is a special case
+in the agent, which only calls :class:`CycleSteps` at those points.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from typing import Any
+
+from torch.distributed.elastic.rendezvous import RendezvousHandler
+from torch.distributed.elastic.rendezvous.static_tcp_rendezvous import StaticTCPRendezvous
+
+from nvrx.ft import CycleGoodput
+
+from ._app_logs import cycle_log_paths
+from ._cluster import ClusterOptions
+from ._cycle_records import CycleInfoSink, cycle_info_attempt, cycle_info_job_id
+from ._events import CycleStarted, GpuMemoryReclaim, NodeUnhealthy, NumaBinding, Recorder
+from ._gpu_memory import MemoryReading, nvml_reader, wait_for_reclaim
+from ._group_rank import GroupRankAligner
+from ._node_health import NodeHealth, NodeHealthChecker
+from ._numa import NumaPlan
+
+__all__: list[str] = []
+
+logger = logging.getLogger("nvrx.launcher")
+
+
+class CycleSteps:
+    """What the cluster features do at each step of a cycle, for one launcher."""
+
+    def __init__(
+        self,
+        options: ClusterOptions,
+        recorder: Recorder,
+        node_id: str,
+        *,
+        run_id: str,
+        numa: NumaPlan | None = None,
+        goodput: Callable[[], CycleGoodput | None] | None = None,
+    ) -> None:
+        self.options = options
+        self._recorder = recorder
+        self._node_id = node_id
+        self.aligner = GroupRankAligner(os.environ, node_id)
+        self._health = NodeHealthChecker(options.health) if options.health.any else None
+        self._numa = numa
+        self._gpu_read: Callable[[], MemoryReading] | None = None
+        self._gpu_baseline: dict[int, float] | None = None
+        self._gpu_said = False
+        self.cycle_info: CycleInfoSink | None = None
+        if options.cycle_info_dir is not None:
+            job_id = cycle_info_job_id(options.cycle_info_job_id, os.environ)
+            prefix = options.applog_prefix
+            self.cycle_info = CycleInfoSink(
+                options.cycle_info_dir,
+                job_id,
+                cycle_info_attempt(os.environ),
+                file_job=job_id or run_id,
+                log_file=None if prefix is None else lambda c, r: cycle_log_paths(prefix, c, r)[0],
+                goodput=goodput,
+            )
+            self.cycle_info.export(os.environ)  # the ranks inherit the launcher's environment
+
+    def install(self, handler: RendezvousHandler) -> None:
+        """Scheduler-aligned group ranks, except where the user gave them (static)."""
+        if not isinstance(handler, StaticTCPRendezvous):
+            self.aligner.install(handler)
+
+    def feed(self, record: dict[str, Any]) -> None:
+        """One journal record (the cycle-info file follows the journal)."""
+        if self.cycle_info is not None:
+            self.cycle_info.feed(record)
+
+    # -- before the rendezvous -----------------------------------------------------
+
+    def check_health(self, cycle: int) -> NodeHealth:
+        """The node's health; an unhealthy result is journalled (the agent then leaves)."""
+        if self._health is None:
+            return NodeHealth()
+        health = self._health.check()
+        if not health.healthy:
+            logger.error("this node is unhealthy and leaves the job: %s", health.reason)
+            self._recorder.record(
+                NodeUnhealthy(
+                    cycle=cycle,
+                    failures=[f.to_json() for f in health.failures],
+                    skipped=list(health.skipped),
+                )
+            )
+        return health
+
+    # -- before the ranks start ----------------------------------------------------
+
+    def before_start(self, cycle: int, *, restart: bool) -> None:
+        """GPU memory wait on a restart (baseline at the first start); the NUMA record."""
+        self._wait_for_gpu_memory(cycle, restart=restart)
+        plan = self._numa
+        if plan is not None:
+            if not plan.binds and cycle == 0 and plan.reason:
+                logger.info("NUMA binding: nothing to bind: %s", plan.reason)
+            elif plan.binds and cycle == 0:
+                logger.info("NUMA binding (%s): local rank -> node %s", plan.method, plan.nodes)
+            self._recorder.record(
+                NumaBinding(
+                    cycle=cycle,
+                    method=plan.method,
+                    strict=plan.strict,
+                    nodes=dict(plan.nodes),
+                    reason=plan.reason,
+                )
+            )
+
+    def cycle_started(
+        self,
+        cycle: int,
+        restart_count: int,
+        group_rank: int | None,
+        world_size: int,
+        local_ranks: dict[int, int],
+    ) -> None:
+        """The ranks of ``cycle`` are about to be spawned (cycle-info file's start)."""
+        nodes = [{"node_id": n, "group_rank": r} for n, r in self.aligner.nodes]
+        if not nodes and group_rank is not None:
+            nodes = [{"node_id": self._node_id, "group_rank": group_rank}]
+        self._recorder.record(
+            CycleStarted(
+                cycle=cycle,
+                restart_count=restart_count,
+                group_rank=group_rank,
+                world_size=world_size,
+                local_ranks=local_ranks,
+                nodes=nodes,
+            )
+        )
+
+    def _wait_for_gpu_memory(self, cycle: int, *, restart: bool) -> None:
+        if self._gpu_read is None and not self._gpu_said:
+            read, why = nvml_reader()
+            if read is None:
+                self._gpu_said = True
+                logger.info("GPU memory reclaim wait skipped: %s", why)
+                return
+            self._gpu_read = read
+        read = self._gpu_read
+        if read is None:
+            return
+        try:
+            if self._gpu_baseline is None or not restart:
+                self._gpu_baseline = dict(read().used_mb)
+                return
+            settings = self.options.gpu_memory
+            result = wait_for_reclaim(
+                read,
+                self._gpu_baseline,
+                timeout=settings.timeout,
+                tolerance_mb=settings.tolerance_mb,
+                poll_interval=settings.poll_interval,
+            )
+        except Exception as exc:  # NVML trouble never stops a restart
+            logger.warning("GPU memory reclaim wait failed: %r", exc)
+            return
+        if not result.reclaimed:
+            leftover = result.leftover if settings.check_remaining_processes else ()
+            logger.error(
+                "%s; starting the ranks anyway",
+                result.describe() if leftover else result.describe().split("; still")[0],
+            )
+        else:
+            logger.info("%s", result.describe())
+        self._recorder.record(
+            GpuMemoryReclaim(
+                cycle=cycle,
+                reclaimed=result.reclaimed,
+                waited_s=result.waited_s,
+                used_mb=result.used_mb,
+                baseline_mb=result.baseline_mb,
+                leftover=[p.to_json() for p in result.leftover],
+            )
+        )

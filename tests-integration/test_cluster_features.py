@@ -1,0 +1,204 @@
+"""Issue 17 on one machine: several ft_launchers as nodes over a c10d rendezvous on 127.0.0.1.
+
+- group ranks follow SLURM_PROCID, given in reverse of the launchers' start order;
+- a node whose health check fails never joins, exits 3 with its reason journalled, and
+  the other nodes run the job without it;
+- the cycle-info files say what the journal says, and ranks read theirs;
+- per-cycle application logs keep every rank's last lines when the launcher is SIGTERMed.
+
+Nothing is left behind (the ``launch`` fixture fails the test otherwise).
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import signal
+import time
+from typing import Any
+
+import pytest
+
+from conftest import Launch
+from itest_harness import HERE, free_port
+from nvrx.ft import read_cycle_info
+
+CYCLE_RANK = HERE / "scripts" / "cycle_rank.py"
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(300)]
+
+
+def _jsonl(path: pathlib.Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _events(path: pathlib.Path, kind: str) -> list[dict[str, Any]]:
+    return [r for r in _jsonl(path) if r.get("event") == kind]
+
+
+def _rdzv(port: int, nnodes: str, run_id: str) -> list[str]:
+    return [
+        f"--nnodes={nnodes}",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint=127.0.0.1:{port}",
+        f"--rdzv-id={run_id}",
+        "--rdzv-conf=last_call_timeout=1,join_timeout=120",
+        "--max-restarts=0",
+    ]
+
+
+def test_group_ranks_follow_slurm_procid(
+    launch: Launch, tmp_path: pathlib.Path, out_dir: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    port = free_port()
+    procids = [2, 0, 1]
+    runs = []
+    for i, procid in enumerate(procids):
+        monkeypatch.setenv("SLURM_PROCID", str(procid))
+        runs.append(
+            launch(
+                ["--seconds", "0.5"],
+                [*_rdzv(port, "3", "aligned"), f"--ft-journal={tmp_path / f'j{i}.jsonl'}"],
+                script=CYCLE_RANK,
+                name=f"node{i}",
+                nproc=1,
+                standalone=False,
+            )
+        )
+        time.sleep(0.2)
+    monkeypatch.delenv("SLURM_PROCID")
+    for run in runs:
+        run.expect_exit(0, 180)
+    for i, procid in enumerate(procids):
+        (started,) = _events(tmp_path / f"j{i}.jsonl", "workers_started")
+        assert started["group_rank"] == procid
+        assert started["ranks"] == {"0": procid}
+    said = sorted((r["group_rank"], r["rank"]) for r in _jsonl(out_dir / "ranks.jsonl"))
+    assert said == [(0, 0), (1, 1), (2, 2)]
+
+
+def test_an_unhealthy_node_never_joins_and_the_job_goes_on(
+    launch: Launch, tmp_path: pathlib.Path, out_dir: pathlib.Path
+) -> None:
+    port = free_port()
+    rdzv = _rdzv(port, "2:3", "health")
+    healthy = [
+        launch(
+            ["--seconds", "0.5"],
+            [*rdzv, f"--ft-journal={tmp_path / f'ok{i}.jsonl'}"],
+            script=CYCLE_RANK,
+            name=f"ok{i}",
+            nproc=1,
+            standalone=False,
+        )
+        for i in range(2)
+    ]
+    sick = launch(
+        ["--seconds", "0.5"],
+        [
+            *rdzv,
+            f"--ft-journal={tmp_path / 'sick.jsonl'}",
+            f"--ft-storage-healthcheck-path={tmp_path / 'scratch-not-mounted'}",
+        ],
+        script=CYCLE_RANK,
+        name="sick",
+        nproc=1,
+        standalone=False,
+    )
+    sick.expect_exit(3, 120)
+    for run in healthy:
+        run.expect_exit(0, 180)
+    (unhealthy,) = _events(tmp_path / "sick.jsonl", "node_unhealthy")
+    assert unhealthy["failures"] == [
+        {"check": "storage", "reason": f"{tmp_path / 'scratch-not-mounted'} does not exist"}
+    ]
+    assert _events(tmp_path / "sick.jsonl", "workers_started") == []
+    (finished,) = _events(tmp_path / "sick.jsonl", "finished")
+    assert finished["exit_code"] == 3
+    assert "scratch-not-mounted does not exist" in finished["reason"]
+    for i in range(2):
+        (started,) = _events(tmp_path / f"ok{i}.jsonl", "workers_started")
+        assert started["group_world_size"] == 2
+    assert len(_jsonl(out_dir / "ranks.jsonl")) == 2
+
+
+def test_cycle_info_matches_the_journal_and_logs_survive_sigterm(
+    launch: Launch, tmp_path: pathlib.Path, out_dir: pathlib.Path
+) -> None:
+    cycles = tmp_path / "cycles"
+    cycles.mkdir()
+    prefix = tmp_path / "applogs" / "job.log"
+    prefix.parent.mkdir()
+    journal = tmp_path / "journal.jsonl"
+    run = launch(
+        ["--seconds", "120", "--fail-rank", "1", "--fail-cycle", "0"],
+        [
+            "--max-restarts=2",
+            f"--ft-journal={journal}",
+            f"--ft-cycle-info-dir={cycles}",
+            "--ft-cycle-info-job-id=job42",
+            f"--ft-per-cycle-applog-prefix={prefix}",
+        ],
+        script=CYCLE_RANK,
+        nproc=2,
+    )
+    run.wait_until(
+        lambda: sum(r["cycle"] == 1 for r in _jsonl(out_dir / "ranks.jsonl")) == 2,
+        120,
+        "both ranks of cycle 1",
+    )
+    time.sleep(0.5)
+    run.proc.send_signal(signal.SIGTERM)
+    run.expect_exit(128 + signal.SIGTERM, 60)
+
+    # The journal's account of the two cycles.
+    (decision,) = _events(journal, "decision")
+    assert decision["action"] == "restart"
+    (failed,) = _events(journal, "rank_failed")
+    assert (failed["rank"], failed["exit_code"]) == (1, 3)
+    starts = _events(journal, "cycle_start")
+    assert [s["cycle"] for s in starts] == [0, 1]
+
+    # The cycle-info files say the same.
+    first = read_cycle_info(cycles / "cycle_info.job42.0.0")
+    second = read_cycle_info(cycles / "cycle_info.job42.current")
+    assert first is not None
+    assert second is not None
+    assert (first.cycle, first.cause, first.ranks) == (0, None, (0, 1))
+    assert first.exit_codes == {1: 3}
+    (stopped,) = _events(journal, "workers_stopped")
+    assert first.ended_at == stopped["workers_stopped"]
+    assert first.started_at == starts[0]["t"]
+    assert (second.cycle, second.cause) == (1, decision["reason"])
+    assert second.ended
+    (node,) = second.nodes
+    assert node.group_rank == 0
+    assert node.node_id == starts[1]["node"]
+    assert second.log_file == str(prefix.parent / "job_cycle1_rank0_stdout.log")
+
+    # Each rank read its own cycle's file through NVRX_CURRENT_CYCLE_INFO.
+    said = _jsonl(out_dir / "ranks.jsonl")
+    assert {r["cycle_info_env"] for r in said} == {str(cycles / "cycle_info.job42.current")}
+    assert sorted((r["cycle"], r["cycle_info_cycle"]) for r in said) == [
+        (0, 0),
+        (0, 0),
+        (1, 1),
+        (1, 1),
+    ]
+
+    # One set of log files per cycle; the ranks' last lines survived the SIGTERM.
+    logs = prefix.parent
+    assert "fails on purpose in cycle 0" in (logs / "job_cycle0_rank1_stderr.log").read_text()
+    for rank in (0, 1):
+        out = (logs / f"job_cycle1_rank{rank}_stdout.log").read_text()
+        err = (logs / f"job_cycle1_rank{rank}_stderr.log").read_text()
+        assert f"rank {rank} got SIGTERM: last stdout line" in out
+        assert f"rank {rank} got SIGTERM: last stderr line" in err
+    assert sorted(p.name for p in logs.iterdir()) == sorted(
+        f"job_cycle{c}_rank{r}_{s}.log"
+        for c in (0, 1)
+        for r in (0, 1)
+        for s in ("stdout", "stderr")
+    )
