@@ -18,9 +18,9 @@ import time
 from typing import Any
 
 import pytest
-
 from conftest import Launch
 from itest_harness import HERE, free_port
+
 from nvrx.ft import read_cycle_info
 
 CYCLE_RANK = HERE / "scripts" / "cycle_rank.py"
