@@ -154,8 +154,15 @@ def test_a_rank_stopped_by_a_signal_is_the_culprit() -> None:
 def test_two_stopped_ranks_fall_back_to_the_other_rules() -> None:
     found = find_culprit([_stopped(0, "T"), _stopped(1, "T")], world_size=2)
     assert found.culprit is None
-    # A missing rank of the world still keeps it undecided.
-    assert find_culprit([_stopped(0, "T"), ev(1)], world_size=3).culprit is None
+
+
+def test_a_stopped_rank_decides_even_when_a_peer_left_no_evidence() -> None:
+    """Peers whose collective failed when the stopped rank was killed exit unreported."""
+    found = find_culprit([_stopped(0, "T"), ev(1, stack=ALL_REDUCE)], world_size=3)
+    assert (found.culprit, found.victims, found.basis) == (0, (1,), (Basis.STOPPED,))
+    # Alone it decides only in a one-rank world.
+    assert find_culprit([_stopped(0, "T")], world_size=3).culprit is None
+    assert find_culprit([_stopped(0, "T")], world_size=1).culprit == 0
 
 
 def test_the_process_state_comes_from_the_event() -> None:

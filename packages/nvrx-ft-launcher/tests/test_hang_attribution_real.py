@@ -65,3 +65,27 @@ def test_hung_rank_is_named_first_never_a_waiting_one(
         assert "undecided" in finding["sentence"], finding
     log = launcher.log()
     assert log.count("hang in cycle 0: ") == 1, log
+
+
+@pytest.mark.timeout(180)
+def test_a_rank_stopped_by_sigstop_is_named_by_its_state(
+    start_launcher: Start, tmp_path: pathlib.Path
+) -> None:
+    """The demo's hang (SimulatedFault: the rank SIGSTOPs itself): state T decides."""
+    journal = tmp_path / "journal.jsonl"
+    launcher = start_launcher(
+        [
+            "--nproc-per-node", str(WORLD), "--max-restarts", "1",
+            "--ft-rank-heartbeat-timeout", "4", "--ft-journal", str(journal),
+        ],
+        ["--steps", "8", "--fault", f"hang:{HUNG}:4"],
+    )  # fmt: skip
+    assert launcher.wait(160) == ExitCode.SUCCESS, launcher.log()
+    records = [json.loads(line) for line in journal.read_text().splitlines()]
+    terminated = {r["rank"]: r for r in records if r["event"] == "rank_terminated_by_monitor"}
+    assert terminated[HUNG]["proc_state"] == "T", terminated[HUNG]
+    assert all(r["proc_state"] != "T" for k, r in terminated.items() if k != HUNG), terminated
+    [finding] = [r for r in records if r["event"] == "hang_attributed"]
+    assert finding["culprit"] == HUNG, (finding, sorted(terminated))
+    assert finding["basis"] == ["stopped"], finding
+    assert sorted(finding["victims"]) == [r for r in range(WORLD) if r != HUNG], finding

@@ -8,8 +8,10 @@ could read the rank's stack dump, where its training thread was
 it. Three rules read that evidence:
 
 - stopped: exactly one rank was stopped by a signal (state ``T``, e.g. SIGSTOP): it was
-  frozen, not waiting on anyone, so it is the culprit whatever the other rules say (a
-  stopped rank cannot dump its stack, and its peers went stale at about the same time);
+  frozen, not waiting on anyone, so it is the culprit whatever the other rules say and
+  even when some ranks left no evidence (its peers went stale at about the same time,
+  and some exit when their collective fails); it needs evidence from a second rank
+  unless the world is that one rank;
 - stack: every rank has a stack, exactly one is outside a collective and the others
   are blocked inside one;
 - timing: one rank's last activity (heartbeat, section open or close; wall clock, so
@@ -184,6 +186,22 @@ def find_culprit(
 
     if not items:
         return undecided("no rank was terminated for a hang")
+    # A rank frozen by a signal waited on no one: the ranks without evidence (e.g. those
+    # whose collective failed when it was killed, so they exited first) cannot change that.
+    stopped = [ev.rank for ev in items if ev.proc_state == "T"]
+    if len(stopped) == 1 and (len(items) > 1 or world_size == 1):
+        frozen = stopped[0]
+        waiting = [ev for ev in items if ev.rank != frozen]
+        sentence = f"rank {frozen}: {seen[frozen].describe()}"
+        if waiting:
+            sentence += f"; {_grouped(waiting)}"
+        return CulpritFinding(
+            frozen,
+            tuple(ev.rank for ev in waiting),
+            (Basis.STOPPED,),
+            "it was stopped by a signal (state T) while the others waited",
+            sentence,
+        )
     if world_size is not None:
         missing = sorted(set(range(world_size)) - set(seen))
         if missing:
@@ -195,17 +213,6 @@ def find_culprit(
                 only.rank, (), (), "the only rank", f"rank {only.rank}: {only.describe()}"
             )
         return undecided("evidence from one rank only")
-    stopped = [ev.rank for ev in items if ev.proc_state == "T"]
-    if len(stopped) == 1:
-        frozen = stopped[0]
-        waiting = [ev for ev in items if ev.rank != frozen]
-        return CulpritFinding(
-            frozen,
-            tuple(ev.rank for ev in waiting),
-            (Basis.STOPPED,),
-            "it was stopped by a signal (state T) while the others waited",
-            f"rank {frozen}: {seen[frozen].describe()}; {_grouped(waiting)}",
-        )
     by_stack = _by_stack(items)
     by_timing = _by_timing(items, min_margin_s)
     if by_stack is not None and by_timing is not None and by_stack != by_timing:
