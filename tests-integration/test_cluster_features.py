@@ -202,3 +202,41 @@ def test_cycle_info_matches_the_journal_and_logs_survive_sigterm(
         for r in (0, 1)
         for s in ("stdout", "stderr")
     )
+
+
+def test_a_node_that_turns_unhealthy_leaves_at_the_restart_and_the_others_go_on(
+    launch: Launch, tmp_path: pathlib.Path, out_dir: pathlib.Path
+) -> None:
+    port = free_port()
+    rdzv = [*_rdzv(port, "2:3", "restart-health"), "--max-restarts=1"]
+    flag = tmp_path / "nic-flapped"
+    nodes = []
+    for i in range(3):
+        extra = [f"--ft-node-health-check-cmd=test ! -e {flag}"] if i == 2 else []
+        nodes.append(
+            launch(
+                ["--seconds", "2", "--fail-rank", "0", "--fail-cycle", "0", "--fail-after", "4"],
+                [*rdzv, f"--ft-journal={tmp_path / f'n{i}.jsonl'}", *extra],
+                script=CYCLE_RANK,
+                name=f"n{i}",
+                nproc=1,
+                standalone=False,
+            )
+        )
+    nodes[0].wait_until(
+        lambda: len(_jsonl(out_dir / "ranks.jsonl")) == 3, 120, "the first cycle's 3 ranks"
+    )
+    flag.touch()  # node 2's check fails from now on: at the restart rank 0 causes
+    nodes[2].expect_exit(3, 120)
+    for run in nodes[:2]:
+        run.expect_exit(0, 180)
+    (unhealthy,) = _events(tmp_path / "n2.jsonl", "node_unhealthy")
+    assert unhealthy["cycle"] == 1
+    (failure,) = unhealthy["failures"]
+    assert failure["check"] == "command"
+    assert "exited 1" in failure["reason"]
+    for i in range(2):
+        starts = _events(tmp_path / f"n{i}.jsonl", "workers_started")
+        assert [s["group_world_size"] for s in starts] == [3, 2]
+    second = [r for r in _jsonl(out_dir / "ranks.jsonl") if r["cycle"] == 1]
+    assert sorted(r["rank"] for r in second) == [0, 1]

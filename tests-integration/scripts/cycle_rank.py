@@ -4,7 +4,8 @@ Prints (to stdout) its RANK, GROUP_RANK and the cycle info it reads through
 ``nvrx.ft.read_cycle_info()`` (NVRX_CURRENT_CYCLE_INFO), appends the same as one JSON
 line to ``<out>/ranks.jsonl``, heartbeats its monitor, then:
 
-- ``--fail-rank R --fail-cycle C``: global rank R exits 3 in cycle C;
+- ``--fail-rank R --fail-cycle C``: global rank R exits 3 in cycle C (after
+  ``--fail-after`` seconds of heartbeats);
 - on SIGTERM it prints a last line to stdout and stderr and exits 143 (the per-cycle
   log test checks that line survived the launcher's SIGTERM);
 - otherwise it sleeps ``--seconds`` (heartbeating) and exits 0.
@@ -37,6 +38,7 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=1.0)
     parser.add_argument("--fail-rank", type=int, default=-1)
     parser.add_argument("--fail-cycle", type=int, default=0)
+    parser.add_argument("--fail-after", type=float, default=0.0)
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, _on_sigterm)
     rank = int(os.environ["RANK"])
@@ -58,14 +60,19 @@ def main() -> int:
     client = RankMonitorClient()
     client.init_workload_monitoring()
     if rank == args.fail_rank and cycle == args.fail_cycle:
+        _heartbeat(client, args.fail_after)
         print(f"rank {rank} fails on purpose in cycle {cycle}", file=sys.stderr, flush=True)
         return 3
-    deadline = time.monotonic() + args.seconds
+    _heartbeat(client, args.seconds)
+    client.shutdown_workload_monitoring()
+    return 0
+
+
+def _heartbeat(client: RankMonitorClient, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         client.send_heartbeat()
         time.sleep(0.05)
-    client.shutdown_workload_monitoring()
-    return 0
 
 
 if __name__ == "__main__":
