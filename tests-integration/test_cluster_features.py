@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import pathlib
 import signal
+import socket
 import time
 from typing import Any
 
@@ -36,6 +37,22 @@ def _jsonl(path: pathlib.Path) -> list[dict[str, Any]]:
 
 def _events(path: pathlib.Path, kind: str) -> list[dict[str, Any]]:
     return [r for r in _jsonl(path) if r.get("event") == kind]
+
+
+def _store_up(port: int, timeout: float = 120.0) -> None:
+    """Wait until the first launcher hosts the rendezvous store on ``port``.
+
+    Every launcher on 127.0.0.1 may host it; the first to bind does. The tests start a
+    node that stays in the job first, as a scheduler's head node would: the store's
+    host leaving (as the unhealthy node does) ends the rendezvous for everyone.
+    """
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.1)
+    raise AssertionError(f"no rendezvous store on port {port} after {timeout:.0f} s")
 
 
 def _rdzv(port: int, nnodes: str, run_id: str) -> list[str]:
@@ -67,6 +84,8 @@ def test_group_ranks_follow_slurm_procid(
                 standalone=False,
             )
         )
+        if i == 0:
+            _store_up(port)
         time.sleep(0.2)
     monkeypatch.delenv("SLURM_PROCID")
     for run in runs:
@@ -84,17 +103,20 @@ def test_an_unhealthy_node_never_joins_and_the_job_goes_on(
 ) -> None:
     port = free_port()
     rdzv = _rdzv(port, "2:3", "health")
-    healthy = [
-        launch(
-            ["--seconds", "0.5"],
-            [*rdzv, f"--ft-journal={tmp_path / f'ok{i}.jsonl'}"],
-            script=CYCLE_RANK,
-            name=f"ok{i}",
-            nproc=1,
-            standalone=False,
+    healthy = []
+    for i in range(2):
+        healthy.append(
+            launch(
+                ["--seconds", "0.5"],
+                [*rdzv, f"--ft-journal={tmp_path / f'ok{i}.jsonl'}"],
+                script=CYCLE_RANK,
+                name=f"ok{i}",
+                nproc=1,
+                standalone=False,
+            )
         )
-        for i in range(2)
-    ]
+        if i == 0:
+            _store_up(port)
     sick = launch(
         ["--seconds", "0.5"],
         [
@@ -133,7 +155,7 @@ def test_cycle_info_matches_the_journal_and_logs_survive_sigterm(
     prefix.parent.mkdir()
     journal = tmp_path / "journal.jsonl"
     run = launch(
-        ["--seconds", "120", "--fail-rank", "1", "--fail-cycle", "0"],
+        ["--seconds", "120", "--fail-rank", "1", "--fail-cycle", "0", "--fail-after", "2"],
         [
             "--max-restarts=2",
             f"--ft-journal={journal}",
@@ -223,6 +245,8 @@ def test_a_node_that_turns_unhealthy_leaves_at_the_restart_and_the_others_go_on(
                 standalone=False,
             )
         )
+        if i == 0:
+            _store_up(port)
     nodes[0].wait_until(
         lambda: len(_jsonl(out_dir / "ranks.jsonl")) == 3, 120, "the first cycle's 3 ranks"
     )
