@@ -41,8 +41,10 @@ __all__ = ["run"]
 HERE = pathlib.Path(__file__).resolve().parent
 RANK = HERE / "scripts" / "realistic_rank.py"
 AREA = "launcher"
-#: What a spare can import ahead of time beyond torch: DDP's constructor imports
-#: torch._dynamo (through torch._disable_dynamo's first call) and, with it, sympy.
+#: What a spare can import ahead of time beyond torch: DDP's constructor reads
+#: ``torch._dynamo.utils.get_optimize_ddp_mode()`` (torch 2.13,
+#: nn/parallel/distributed.py), and torch's lazy ``__getattr__`` imports
+#: ``torch._dynamo`` (with sympy: some 800 modules) on that first touch.
 PRELOAD = "torch,torch._dynamo,nvrx.ft"
 
 #: The rank's stamps, in order; each phase ends at its stamp.

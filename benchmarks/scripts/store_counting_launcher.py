@@ -4,10 +4,10 @@
 
 Wraps the Python-level methods of torch's ``Store`` class (which ``TCPStore`` and
 ``PrefixStore`` inherit) in this process, so each call the launcher, torch's c10d
-rendezvous backend and the agent make is noted with its wall-clock time, method and
-number of keys. At exit the calls are written to COUNTS.json as
-``{"calls": [[t, method, keys], ...]}``; the benchmark sums them over the window of
-each restart. Calls C++ makes on its own (a ``PrefixStore`` forwarding to its
+rendezvous backend and the agent make is noted with its wall-clock time, method,
+number of keys and caller (file:function). At exit the calls are written to COUNTS.json
+as ``{"calls": [[t, method, keys, caller], ...]}``; the benchmark sums them over the
+window of each restart. Calls C++ makes on its own (a ``PrefixStore`` forwarding to its
 ``TCPStore``, the store server) are not Python calls and are not counted twice.
 """
 
@@ -28,7 +28,7 @@ METHODS = (
     "queue_len", "barrier",
 )  # fmt: skip
 
-CALLS: list[tuple[float, str, int]] = []
+CALLS: list[tuple[float, str, int, str]] = []
 
 
 def _keys(method: str, args: tuple[Any, ...]) -> int:
@@ -42,7 +42,9 @@ def _keys(method: str, args: tuple[Any, ...]) -> int:
 def _counted(method: str, original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def call(self: Store, *args: Any, **kwargs: Any) -> Any:
-        CALLS.append((time.time(), method, _keys(method, args)))
+        caller = sys._getframe(1).f_code
+        where = f"{os.path.basename(caller.co_filename)}:{caller.co_name}"
+        CALLS.append((time.time(), method, _keys(method, args), where))
         return original(self, *args, **kwargs)
 
     return call
