@@ -279,7 +279,7 @@ def _slope_metric(per_count: dict[int, dict[str, float]], round_trip_s: float) -
 
 def run(quick: bool) -> list[Metric]:
     """The same crash-and-restart at each node count; slope per node, projection to 1,024."""
-    counts = (2, 4) if quick else (2, 4, 8, 16)
+    counts = (2, 4, 8) if quick else (2, 4, 8, 16)
     restarts = 3
     metrics: list[Metric] = []
     per_count: dict[int, dict[str, float]] = {}
