@@ -22,7 +22,8 @@ Python calls on ``torch.distributed.Store`` in that process; ``store_ops_per_res
 every node's calls between the kill and the last rank's start, ``store_ops_per_node_s``
 the background rate per node while the job trains (the agents' decision polling and the
 rendezvous' keep-alive), measured over the second before each kill.
-``store_calls_by_method_and_caller`` says which code made them (method, file:function).
+``store_calls_by_caller_restart`` and ``..._training_s`` (all nodes, over the quiet second)
+say which code made them (method, file:function).
 Each figure is a median over restarts; ``total_spread_s`` is max minus min over them.
 
 Rows: ``restart_<N>_nodes`` (``total_s``, phases in ``detail``), and
@@ -164,6 +165,7 @@ def _job(work: pathlib.Path, nodes: int, restarts: int) -> tuple[list[dict[str, 
     for sample in samples:
         sample["calls"] = calls
         sample["methods"] = {}
+        sample["quiet"] = {}
     log = "".join((work / f"launcher-{i}.log").read_text(errors="replace") for i in range(nodes))
     return samples, log
 
@@ -198,6 +200,8 @@ def _measure(sample: dict[str, Any]) -> dict[str, float]:
                 sample["methods"][where] = sample["methods"].get(where, 0) + 1
             elif fault - QUIET_S <= t < fault:
                 quiet += 1
+                where = f"{method} {caller}"
+                sample["quiet"][where] = sample["quiet"].get(where, 0) + 1
     nodes = len(rows)
     return {
         "detect_s": decider["noticed"] - fault,
@@ -294,11 +298,12 @@ def run(quick: bool) -> list[Metric]:
             detail["total_spread_s"] = max(totals) - min(totals)
             detail["samples_s"] = [round(t, 3) for t in totals]
             detail["job_wall_s"] = time.monotonic() - started
-            methods = sorted({k for sample in samples for k in sample["methods"]})
-            detail["store_calls_by_method_and_caller"] = {
-                k: statistics.median(sample["methods"].get(k, 0) for sample in samples)
-                for k in methods
-            }
+            for field, name in (("methods", "restart"), ("quiet", "training_s")):
+                methods = sorted({k for sample in samples for k in sample[field]})
+                detail[f"store_calls_by_caller_{name}"] = {
+                    k: statistics.median(sample[field].get(k, 0) for sample in samples)
+                    for k in methods
+                }
             per_count[nodes] = figures
             name = f"restart_{nodes}_nodes"
             metrics.append(Metric(AREA, name, figures["total_s"], "s", len(samples), None, detail))
