@@ -8,7 +8,7 @@ import threading
 import pytest
 from torch._C._distributed_c10d import TCPStore
 
-from nvrx.launcher._group_rank import InfraKey, _exchange, aligned_ranks, infra_key
+from nvrx.launcher._group_rank import InfraKey, _align, aligned_ranks, infra_key
 
 
 def test_slurm_procid_wins_over_group_rank_and_torch_order() -> None:
@@ -61,25 +61,25 @@ def test_three_nodes_agree_over_a_real_store() -> None:
         wait_for_workers=False,
         timeout=datetime.timedelta(seconds=30),
     )
-    procids = [2, 1, 0]  # joined in reverse order of their scheduler index
-    results: dict[int, list[InfraKey]] = {}
+    procids = [2, 1, 0]  # torch's rendezvous numbered them in reverse of the scheduler
+    results: dict[int, tuple[int, tuple[tuple[str, int], ...]]] = {}
 
     def node(torch_rank: int) -> None:
         store = TCPStore(
             "127.0.0.1", server.port, is_master=False, timeout=datetime.timedelta(seconds=30)
         )
         mine = infra_key({"SLURM_PROCID": str(procids[torch_rank])}, torch_rank)
-        found = _exchange(store, torch_rank, 3, mine, f"node-{torch_rank}")
-        results[torch_rank] = [key for key, _ in found]
+        results[torch_rank] = _align(store, torch_rank, 3, mine, f"node-{torch_rank}")
 
     threads = [threading.Thread(target=node, args=(r,)) for r in range(3)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(30)
-    assert len(results) == 3
-    assert all(keys == results[0] for keys in results.values())
-    assert aligned_ranks(results[0]) == [2, 1, 0]
+    assert {r: rank for r, (rank, _) in results.items()} == {0: 2, 1: 1, 2: 0}
+    # Group rank 0 (the cycle-info writer) knows every node; the others themselves.
+    assert results[2][1] == (("node-2", 0), ("node-1", 1), ("node-0", 2))
+    assert results[0][1] == (("node-0", 2),)
 
 
 def test_a_forged_key_in_the_store_falls_back_to_the_rendezvous_order() -> None:
@@ -91,8 +91,22 @@ def test_a_forged_key_in_the_store_falls_back_to_the_rendezvous_order() -> None:
         timeout=datetime.timedelta(seconds=30),
     )
     server.set("nvrx.launcher/infra_rank/1", '{"tier": 0, "index": "0; rm -rf", "node": "x"}')
-    found = _exchange(server, 0, 2, InfraKey(0, 4), "me")
-    assert found == [(InfraKey(0, 4), "me"), (InfraKey(2, 1), "rendezvous-rank-1")]
+    rank, nodes = _align(server, 0, 2, InfraKey(0, 4), "me")
+    assert rank == 0
+    assert nodes == (("me", 0), ("rendezvous-rank-1", 1))
+
+
+def test_a_forged_group_rank_is_refused() -> None:
+    server = TCPStore(
+        "127.0.0.1",
+        0,
+        is_master=True,
+        wait_for_workers=False,
+        timeout=datetime.timedelta(seconds=30),
+    )
+    server.set("nvrx.launcher/group_rank/1", "7")  # outside a world of 2
+    rank, nodes = _align(server, 1, 2, InfraKey(0, 0), "me")
+    assert (rank, nodes) == (1, (("me", 1),))
 
 
 def test_torch_rendezvous_gives_aligned_ranks_through_the_hook() -> None:
@@ -142,7 +156,9 @@ def test_torch_rendezvous_gives_aligned_ranks_through_the_hook() -> None:
         assert all(info.world_size == 2 for info in infos.values())  # type: ignore[attr-defined]
         addrs = {info.bootstrap_store_info.master_port for info in infos.values()}  # type: ignore[attr-defined]
         assert len(addrs) == 1  # both nodes' workers meet at torch's one store
-        assert aligners[0].nodes == aligners[1].nodes == (("node-0", 0), ("node-1", 1))
+        # The node of group rank 0 (SLURM_PROCID 0) knows the round; the other itself.
+        assert aligners[1].nodes == (("node-0", 0), ("node-1", 1))
+        assert aligners[0].nodes == (("node-1", 1),)
     finally:
         for handler in handlers:
             handler.shutdown()

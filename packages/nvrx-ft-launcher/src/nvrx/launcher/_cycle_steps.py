@@ -78,8 +78,12 @@ class CycleSteps:
 
     def feed(self, record: dict[str, Any]) -> None:
         """One journal record (the cycle-info file follows the journal)."""
-        if self.cycle_info is not None:
+        if self.cycle_info is None:
+            return
+        try:
             self.cycle_info.feed(record)
+        except (ValueError, TypeError, KeyError) as exc:  # a record it cannot use
+            logger.warning("cycle info: %s record not used: %r", record.get("event"), exc)
 
     # -- before the rendezvous -----------------------------------------------------
 

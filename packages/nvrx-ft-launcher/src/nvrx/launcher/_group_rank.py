@@ -4,10 +4,10 @@ Torch's dynamic rendezvous numbers nodes by the sort order of their descriptors 
 name, pid, counter), so node 3 of an sbatch job may be group rank 0 and every log line
 names ranks the scheduler does not know. NVRx 0.7 always aligns them (its v0.5 flag
 ``--ft-use-infra-group-rank`` became the only behaviour); so do we: after each round
-every node publishes its scheduler index in the round's store, reads the others', and
-takes its place in the order :func:`aligned_ranks` gives. The ranks stay dense
-(0..N-1) when the scheduler's are not (a replaced node), and the result is the same
-on every node because every node sorts the same published keys.
+every node publishes its scheduler index in the round's store, torch's rank 0 sorts
+them (:func:`aligned_ranks`) and publishes each node's place, and every node takes
+it: O(1) store operations per node. The ranks stay dense (0..N-1) when the
+scheduler's are not (a replaced node).
 """
 
 from __future__ import annotations
@@ -28,6 +28,9 @@ logger = logging.getLogger("nvrx.launcher")
 
 #: Where each node publishes its key, under the round's own store prefix.
 _KEY = "nvrx.launcher/infra_rank/"
+#: Where torch's rank 0 publishes each node's aligned group rank, and the node list.
+_RESULT = "nvrx.launcher/group_rank/"
+_NODES = "nvrx.launcher/group_nodes"
 #: How long a node waits for the others' keys (they publish right after the round).
 _WAIT_S = 60.0
 _MAX_INDEX = 10**7
@@ -111,22 +114,66 @@ def _parse_published(text: bytes | str) -> tuple[InfraKey, str]:
     return InfraKey.from_json(json.dumps(data)), node
 
 
-def _exchange(
-    store: Store, torch_rank: int, world_size: int, mine: InfraKey, node: str = "?"
-) -> list[tuple[InfraKey, str]]:
-    """Publish ``mine`` in the round's store and read every node's key and id."""
-    store.set(f"{_KEY}{torch_rank}", _published(mine, node))
+def _gather(store: Store, world_size: int) -> list[tuple[InfraKey, str]]:
+    """Every node's published key and id (torch's rank 0 only: one wait, one multi_get)."""
     names = [f"{_KEY}{r}" for r in range(world_size)]
     store.wait(names, timedelta(seconds=_WAIT_S))
     found = []
-    for r, name in enumerate(names):
+    for r, raw in enumerate(store.multi_get(names)):
         try:
-            found.append(_parse_published(store.get(name)))
+            found.append(_parse_published(raw))
         except ValueError as exc:
             # A value nobody of this job wrote: that node keeps torch's order.
             logger.warning("ignoring the group rank key of rendezvous rank %d: %s", r, exc)
             found.append((InfraKey(2, r), f"rendezvous-rank-{r}"))
     return found
+
+
+def _read_rank(store: Store, torch_rank: int, world_size: int) -> int:
+    name = f"{_RESULT}{torch_rank}"
+    store.wait([name], timedelta(seconds=_WAIT_S))
+    text = store.get(name).decode("ascii", errors="replace")
+    if not text.isdigit() or int(text) >= world_size:
+        raise ValueError(f"group rank {text!r} for a world of {world_size} nodes")
+    return int(text)
+
+
+def _align(
+    store: Store, torch_rank: int, world_size: int, mine: InfraKey, node: str
+) -> tuple[int, tuple[tuple[str, int], ...]]:
+    """This node's aligned group rank, and (node id, group rank) of every node if it is 0.
+
+    Every node publishes its key; torch's rank 0 reads them all, sorts them and publishes
+    each node's group rank under a key of its own: O(1) store operations per node
+    (rank 0: O(1) calls carrying N values), not N reads on every node.
+    """
+    store.set(f"{_KEY}{torch_rank}", _published(mine, node))
+    if torch_rank == 0:
+        found = _gather(store, world_size)
+        ranks = aligned_ranks([key for key, _ in found])
+        listing = sorted(((n, ranks[r]) for r, (_, n) in enumerate(found)), key=lambda p: p[1])
+        store.set(_NODES, json.dumps(listing))
+        names, values = [f"{_RESULT}{r}" for r in range(world_size)], [str(n) for n in ranks]
+        multi_set = getattr(store, "multi_set", None)  # at run time since torch 2.4, no stub
+        if callable(multi_set):
+            multi_set(names, values)
+        else:
+            for name, value in zip(names, values, strict=True):
+                store.set(name, value)
+    try:
+        rank = _read_rank(store, torch_rank, world_size)
+    except ValueError as exc:
+        logger.warning("keeping the rendezvous order: %s", exc)
+        return torch_rank, ((node, torch_rank),)
+    if rank != 0:
+        return rank, ((node, rank),)
+    try:
+        listed = json.loads(store.get(_NODES))
+        nodes: tuple[tuple[str, int], ...] = tuple((str(n), int(r)) for n, r in listed)
+    except (ValueError, TypeError) as exc:
+        logger.warning("the round's node list is unreadable: %s", exc)
+        nodes = ((node, rank),)
+    return rank, nodes
 
 
 class GroupRankAligner:
@@ -140,7 +187,8 @@ class GroupRankAligner:
     def __init__(self, env: Mapping[str, str], node: str) -> None:
         self._env = env
         self._node = node
-        #: (node id, group rank) of every node in the last round, by group rank.
+        #: (node id, group rank) of the last round: every node's on group rank 0 (the
+        #: cycle-info writer), this node's alone elsewhere.
         self.nodes: tuple[tuple[str, int], ...] = ()
 
     def install(self, handler: RendezvousHandler) -> None:
@@ -150,12 +198,7 @@ class GroupRankAligner:
         def next_rendezvous() -> RendezvousInfo:
             info = original()
             mine = infra_key(self._env, info.rank)
-            found = _exchange(info.store, info.rank, info.world_size, mine, self._node)
-            ranks = aligned_ranks([key for key, _ in found])
-            self.nodes = tuple(
-                sorted(((n, ranks[r]) for r, (_, n) in enumerate(found)), key=lambda pair: pair[1])
-            )
-            rank = ranks[info.rank]
+            rank, self.nodes = _align(info.store, info.rank, info.world_size, mine, self._node)
             if rank != info.rank:
                 logger.info(
                     "group rank %d (from %s; the rendezvous numbered this node %d)",
