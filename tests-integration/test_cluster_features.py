@@ -264,3 +264,34 @@ def test_a_node_that_turns_unhealthy_leaves_at_the_restart_and_the_others_go_on(
         assert [s["group_world_size"] for s in starts] == [3, 2]
     second = [r for r in _jsonl(out_dir / "ranks.jsonl") if r["cycle"] == 1]
     assert sorted(r["rank"] for r in second) == [0, 1]
+
+
+def test_numa_binding_and_the_gpu_memory_wait_on_a_restart(
+    launch: Launch, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from nvrx.launcher._numa import numa_plan, read_numa_nodes
+
+    journal = tmp_path / "journal.jsonl"
+    monkeypatch.setenv("NVRX_GPUS_PER_NUMA", "1")
+    run = launch(
+        ["--seconds", "0.5", "--fail-rank", "0", "--fail-cycle", "0", "--fail-after", "1"],
+        ["--max-restarts=1", f"--ft-journal={journal}"],
+        script=CYCLE_RANK,
+        nproc=2,
+    )
+    monkeypatch.delenv("NVRX_GPUS_PER_NUMA")
+    run.expect_exit(0, 120)
+    expected = numa_plan(2, 1, read_numa_nodes(), numactl=False)
+    bindings = _events(journal, "numa_binding")
+    assert [b["cycle"] for b in bindings] == [0, 1]
+    for binding in bindings:
+        assert binding["nodes"] == {str(r): n for r, n in expected.nodes.items()}
+        if not expected.binds:
+            assert (binding["method"], binding["reason"]) == ("none", expected.reason)
+    if not expected.binds:  # a one-node machine (this one): said once
+        assert run.log().count("NUMA binding: nothing to bind") == 1
+    from nvrx.launcher._gpu_memory import nvml_reader
+
+    if nvml_reader()[0] is None:  # no NVML (a CPU machine): the memory wait says so once
+        assert run.log().count("GPU memory reclaim wait skipped") == 1
+        assert _events(journal, "gpu_memory_reclaim") == []
