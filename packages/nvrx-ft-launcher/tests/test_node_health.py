@@ -183,3 +183,10 @@ def test_all_failures_are_gathered_with_their_reasons(tmp_path: pathlib.Path) ->
     assert not health.healthy
     assert [f.check for f in health.failures] == ["nic", "storage", "command"]
     assert health.reason.startswith("nic: mlx5_0 port state is 1: DOWN; storage: ")
+
+
+@pytest.mark.gpu
+def test_gpu_check_on_a_real_gpu_passes_without_skipping() -> None:
+    failures, skipped = check_gpus()
+    assert skipped is None
+    assert failures == []
