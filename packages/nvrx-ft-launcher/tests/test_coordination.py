@@ -342,3 +342,115 @@ def test_without_compare_and_set_a_forged_claim_still_times_out() -> None:
     other = JobCoordinator(store, "job2", "a", key=KEY)
     won = other.decide(0, _restart("a"))  # type: ignore[arg-type]
     assert other.poll(0) == won
+
+
+class CountingStore(Store):
+    """A real TCPStore client that counts the calls made through it (and its clones)."""
+
+    def __init__(self, port: int, calls: list[str], *, clonable: bool = True) -> None:
+        super().__init__()
+        self._port, self._calls, self._clonable = port, calls, clonable
+        self._inner = TCPStore("127.0.0.1", port, is_master=False)
+
+    def set(self, key: str, value: str) -> None:
+        self._calls.append("set")
+        self._inner.set(key, value)
+
+    def get(self, key: str) -> bytes:
+        self._calls.append("get")
+        return self._inner.get(key)
+
+    def add(self, key: str, num: int) -> int:
+        self._calls.append("add")
+        return self._inner.add(key, num)
+
+    def check(self, keys: list[str]) -> bool:
+        self._calls.append("check")
+        return self._inner.check(keys)
+
+    def wait(self, keys: list[str], timeout: datetime.timedelta | None = None) -> None:
+        self._calls.append("wait")
+        self._inner.wait(keys, timeout or datetime.timedelta(seconds=30))
+
+    def clone(self) -> Store:
+        if not self._clonable:
+            raise NotImplementedError("no clone here")
+        return CountingStore(self._port, self._calls)
+
+
+def _watchers() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "nvrx-decision-watch"]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("clonable", [True, False], ids=["watcher", "no-clone"])
+def test_an_idle_job_makes_almost_no_store_calls(clonable: bool) -> None:
+    """The agent asks for the decision at every tick (here every 10 ms for 1 s): with a
+    watcher that costs one blocked wait in all; without clone one read per second."""
+    server = TCPStore(
+        "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(10)
+    )
+    calls: list[str] = []
+    coord = JobCoordinator(CountingStore(server.port, calls, clonable=clonable), "job", "a")
+    try:
+        deadline = time.monotonic() + 1.0
+        ticks = 0
+        while time.monotonic() < deadline:
+            assert coord.decided(0) is None
+            ticks += 1
+            time.sleep(0.01)
+        assert ticks > 20
+        if clonable:
+            assert calls == ["wait"]
+        else:
+            assert 1 <= calls.count("check") <= 2
+            assert "wait" not in calls
+        calls.clear()
+        # Another node decides: this one sees it and verifies it, then stops reading.
+        won = JobCoordinator(server, "job", "b").decide(0, _restart("b"))  # type: ignore[arg-type]
+        deadline = time.monotonic() + 5.0
+        seen = coord.decided(0)
+        while seen is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+            seen = coord.decided(0)
+        assert seen == won
+        assert calls.count("get") == 1
+        for _ in range(10):
+            assert coord.decided(0) == won
+        assert calls.count("get") == 1
+        # The next cycle is watched afresh, still without reads while nothing is there.
+        calls.clear()
+        for _ in range(10):
+            assert coord.decided(1) is None
+        time.sleep(0.2)
+        assert calls == (["wait"] if clonable else ["check"])
+    finally:
+        coord.close()
+
+
+@pytest.mark.timeout(60)
+def test_the_watcher_ends_with_close_and_a_forged_value_is_not_taken() -> None:
+    server = TCPStore(
+        "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(10)
+    )
+    before = len(_watchers())
+    rejected: list[str] = []
+    coord = JobCoordinator(server, "job", "a", key=KEY, on_reject=lambda k, _: rejected.append(k))
+    raw = PrefixStore("nvrx.launcher.job", TCPStore("127.0.0.1", server.port, is_master=False))
+    raw.set("cycle/0/decision", _envelope(_stop_body(0), None))  # unsigned: ignored
+    deadline = time.monotonic() + 5.0
+    while not rejected and time.monotonic() < deadline:
+        assert coord.decided(0) is None
+        time.sleep(0.01)
+    assert rejected == ["nvrx.launcher.job/cycle/0/decision"]
+    # The genuine one replaces it (compare-and-set) and is followed within a re-read.
+    b = JobCoordinator(server, "job", "b", key=KEY)
+    genuine = b._publish_decision(0, Decision(Action.RESTART, "r", "b", JobState(1, 1, 0)))
+    assert genuine is not None
+    deadline = time.monotonic() + 5.0
+    while coord.decided(0) is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert coord.decided(0) == genuine
+    assert len(_watchers()) == before + 1
+    coord.close()
+    assert len(_watchers()) == before

@@ -4,10 +4,14 @@ One decision per cycle (the span between two (re)starts of the workers): the fir
 launcher that sees a reason to restart or stop claims the cycle with an atomic ``add``
 (the one that takes the counter to 1 wins; every torch store has ``add``, while etcd's
 has no compare-and-set), computes the decision from the job state (restart budget,
-progress) and publishes it; every other launcher polls for it each tick and follows
-it. So a healthy node learns of a restart within one monitor interval, the budget is
-counted once per job restart however many nodes fail, and all nodes agree on the exit
-code.
+progress) and publishes it; every other launcher follows it. A launcher does not poll
+the store for it each tick: a watcher thread on its own store connection blocks in
+``wait`` on the cycle's decision key and raises a flag the agent's tick reads without a
+store op (:meth:`JobCoordinator.decided`); only then is the decision read and verified.
+So a healthy node learns of a restart at its next tick with no store traffic while the
+job trains, the budget is counted once per job restart however many nodes fail, and all
+nodes agree on the exit code. A store that cannot open a second connection (torch's
+EtcdStore has no ``clone``) is polled instead, at most every ``_FALLBACK_POLL_S``.
 
 The store is not ours to trust: anyone who reaches its port can write to it. So every
 decision and the ``state`` hint are published in an envelope: the JSON body and, when the
@@ -41,6 +45,7 @@ import enum
 import hashlib
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -66,6 +71,15 @@ _MAX_CAS_TRIES = 16
 # Goodput timelines read by the summary writer, at most (a forged counter cannot make
 # it read more).
 _MAX_TIMELINES = 4096
+# The watcher's wait on a decision key: long, so that a quiet job makes one store call per
+# this period and node (a timed-out wait also makes torch log a line); it is re-armed.
+_WATCH_WAIT = datetime.timedelta(hours=1)
+# Without a watcher (no clone), or while an invalid value sits under the key: how often
+# decided() reads the key.
+_FALLBACK_POLL_S = 1.0
+# How long close() waits for the watcher (a daemon) to end; one blocked in the store ends
+# with the process.
+_JOIN_S = 0.5
 
 
 class Action(str, enum.Enum):
@@ -206,6 +220,68 @@ def base_store(store: Store) -> Store:
 RejectHook = Callable[[str, str], None]
 
 
+class _DecisionWatch:
+    """A daemon thread that blocks in ``wait`` until the watched decision key exists.
+
+    It runs on its own store connection (a ``clone``: a blocked ``wait`` would hold the
+    agent's connection) and only raises a flag; the value is read and verified by the
+    caller, in the caller's thread, so rejections are reported where they always were.
+    """
+
+    def __init__(self, connection: Store, prefix: str) -> None:
+        # Hold the connection itself: a store written in Python lives only as long as its
+        # Python object (see JobCoordinator).
+        self._connection = connection
+        self._store = PrefixStore(prefix, connection)
+        self._lock = threading.Condition()
+        self._key: str | None = None  # guarded by _lock
+        self._present = False
+        self._failed = False
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, name="nvrx-decision-watch", daemon=True)
+        self._thread.start()
+
+    @property
+    def failed(self) -> bool:
+        """True once the store failed under the watcher (its caller polls instead)."""
+        return self._failed
+
+    def present(self, key: str) -> bool:
+        """Whether ``key`` was seen in the store; watches it from now on if it was not."""
+        with self._lock:
+            if self._key != key:
+                self._key, self._present = key, False
+                self._lock.notify_all()
+            return self._present
+
+    def close(self) -> None:
+        with self._lock:
+            self._stop = True
+            self._lock.notify_all()
+        self._thread.join(_JOIN_S)
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                while not self._stop and (self._key is None or self._present):
+                    self._lock.wait()
+                if self._stop or self._key is None:
+                    return
+                key = self._key
+            started = time.monotonic()
+            try:
+                self._store.wait([key], _WATCH_WAIT)
+            except Exception as exc:  # torch: DistStoreError on a timeout, DistNetworkError
+                if time.monotonic() - started >= _WATCH_WAIT.total_seconds() * 0.9:
+                    continue  # a quiet hour: wait again
+                logger.debug("the decision watcher's store failed (%s); polling instead", exc)
+                self._failed = True
+                return
+            with self._lock:
+                if self._key == key:
+                    self._present = True
+
+
 class JobCoordinator:
     """Claims, publishes and reads the per-cycle decisions of one job (one run id).
 
@@ -231,6 +307,10 @@ class JobCoordinator:
         self._key = key
         self._on_reject = on_reject
         self._rejected: set[tuple[str, bytes]] = set()
+        self._watch: _DecisionWatch | None = None
+        self._watch_tried = False
+        self._decided: tuple[int, Decision] | None = None
+        self._next_read = (-1, 0.0)  # (cycle, monotonic time) of decided()'s next read
 
     @property
     def node(self) -> str:
@@ -359,6 +439,48 @@ class JobCoordinator:
 
         result: Decision | None = self._read(key, parse)
         return result
+
+    def decided(self, cycle: int) -> Decision | None:
+        """The valid decision of ``cycle`` once one is published; for the agent's tick.
+
+        Makes no store call until the watcher saw the decision key; then reads and
+        verifies it (:meth:`poll`) and keeps the result. Without a watcher, and while the
+        key holds an invalid value (a valid one may replace it), it reads at most every
+        ``_FALLBACK_POLL_S``.
+        """
+        if self._decided is not None and self._decided[0] == cycle:
+            return self._decided[1]
+        watch = self._watcher()
+        if watch is not None and not watch.present(f"cycle/{cycle}/decision"):
+            return None
+        now = time.monotonic()
+        if self._next_read[0] == cycle and now < self._next_read[1]:
+            return None
+        self._next_read = (cycle, now + _FALLBACK_POLL_S)
+        decision = self.poll(cycle)
+        if decision is not None:
+            self._decided = (cycle, decision)
+        return decision
+
+    def _watcher(self) -> _DecisionWatch | None:
+        if self._watch is not None and self._watch.failed:
+            self._watch.close()
+            self._watch = None
+        if self._watch is None and not self._watch_tried:
+            self._watch_tried = True
+            try:
+                connection: Store = getattr(self._base, "clone")()  # noqa: B009 - not in the stubs
+            except (RuntimeError, NotImplementedError, AttributeError) as exc:
+                logger.debug("this store has no clone (%s): decisions are polled", exc)
+                return None
+            self._watch = _DecisionWatch(connection, self._prefix)
+        return self._watch
+
+    def close(self) -> None:
+        """Stop the decision watcher (the launcher calls this when it ends)."""
+        if self._watch is not None:
+            self._watch.close()
+            self._watch = None
 
     def decide(
         self,
