@@ -568,6 +568,7 @@ ADDED_NAMES: tuple[Name, ...] = tuple(
         ("nvrx.ft.add_config_arguments", "the same function"),
         ("nvrx.ft.HealthError", "why a GPU/NIC check failed"),
         ("nvrx.ft.MonitorEvent", "one line of the monitor's event stream"),
+        ("nvrx.ft.MAX_EVENT_BYTES", "the largest monitor event datagram (16 KiB)"),
         ("nvrx.ft.parse_monitor_event", "reads one such line"),
         ("nvrx.ft.MonitorProcess", "the handle run_in_subprocess returns"),
         ("nvrx.ft.create_runtime_dir", "a private 0700 directory for monitor sockets"),
@@ -680,8 +681,10 @@ FIELDS: tuple[Field, ...] = (
           "same reason"),
     Field("attribution_export_url", MISSING, None, None, Status.ACCEPTED, "http://localhost:1",
           "same reason"),
-    Field("cycle_info_dir", MISSING, None, None, Status.SAME, "/tmp/cycles",
-          "written by group rank 0 at each cycle's start and end (nvrx.ft.CycleInfo)"),
+    Field("cycle_info_dir", MISSING, None, None, Status.DIFFERENT, "/tmp/cycles",
+          "same files, other content: epoch-second times and JSON arrays of nodes and ranks "
+          "(NVRx: ISO 8601 times, SLURM node-list and rank-range strings), schema_version, "
+          "cause, exit codes and goodput; read them with nvrx.ft.read_cycle_info"),
     Field("segment_health_check_dir", MISSING, None, None, Status.ACCEPTED, "/tmp/segments",
           "no segment health artifacts here"),
     Field("min_calculated_timeout", MISSING, MISSING, 30.0, Status.ADDED, "none",
@@ -950,10 +953,11 @@ FLAGS: tuple[Flag, ...] = (
     Flag(
         _both("ft-cycle-info-dir", "ft-cycle-info-job-id"),
         "--ft-cycle-info-job-id",
-        Status.SAME,
+        Status.DIFFERENT,
         "off",
         "cycle_info.<job>.<attempt>.<cycle> and the cycle_info.<job>.current link, written "
-        "by group rank 0 at each cycle's start and end; ranks get NVRX_CURRENT_CYCLE_INFO",
+        "by group rank 0 at each cycle's start and end; ranks get NVRX_CURRENT_CYCLE_INFO; "
+        "the content differs (see cycle_info_dir)",
         "1234",
     ),
     Flag(

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
         read_cycle_info,
         write_cycle_info,
     )
-    from nvrx.ft._events import MonitorEvent, parse_monitor_event
+    from nvrx.ft._events import MAX_EVENT_BYTES, MonitorEvent, parse_monitor_event
     from nvrx.ft._files import write_file_atomically
     from nvrx.ft._health import HealthError
     from nvrx.ft._liveness import beat_age as monitor_beat_age
@@ -80,6 +80,7 @@ _WHERE = {
     "cycle_info_schema_path": "_cycle_info",
     "read_cycle_info": "_cycle_info",
     "write_cycle_info": "_cycle_info",
+    "MAX_EVENT_BYTES": "_events",
     "MonitorEvent": "_events",
     "parse_monitor_event": "_events",
     "write_file_atomically": "_files",
@@ -108,6 +109,7 @@ __all__ = [
     "CYCLE_INFO_ENV",
     "CYCLE_INFO_SCHEMA_VERSION",
     "MAX_DURATION_S",
+    "MAX_EVENT_BYTES",
     "MONITOR_SOCKET_ENV",
     "RANK_MONITOR_INIT_TIMEOUT",
     "CycleGoodput",
