@@ -332,7 +332,9 @@ def test_unreadable_file_is_one_warning(
         {"exit_codes": {7: 0}},
         {"goodput": {"productive_s": 1.0}},
         {"schema_version": 2},
+        {"schema_version": 1.0},
         {"log_file": ""},
+        {"cause": "x\udcff"},  # a lone surrogate: it could not be written as UTF-8
     ],
 )
 def test_a_launcher_cannot_build_a_file_readers_refuse(changes: dict[str, Any]) -> None:

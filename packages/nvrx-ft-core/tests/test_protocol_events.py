@@ -169,6 +169,14 @@ def test_first_step_and_process_state_round_trip() -> None:
         b' "cause": "heartbeat_timeout", "message": "m", "proc_state": "TT"}',
         b'{"v": 1, "event": "rank_connected", "local_rank": 0, "rank": 0, "pid": 1,'
         b' "proc_state": "T"}',
+        # unhashable values where a name is expected: a ValueError, never a TypeError
+        b'{"v": 1, "event": ["rank_connected"], "local_rank": 0, "rank": 0, "pid": 1}',
+        b'{"v": 1, "event": "rank_terminated", "local_rank": 0, "rank": 0, "pid": 1,'
+        b' "cause": "heartbeat_timeout", "message": "m", "proc_state": ["T"]}',
+        b'{"v": 1, "event": "rank_terminated", "local_rank": 0, "rank": 0, "pid": 1,'
+        b' "cause": {"a": 1}, "message": "m"}',
+        b'{"v": 1, "event": "rank_first_step", "local_rank": 0, "rank": 0, "pid": 1,'
+        b' "step_wall": 1.0, "since_init_s": 0.5, "via": ["section"]}',
     ],
 )
 def test_bad_events_are_rejected(body: bytes) -> None:

@@ -190,3 +190,31 @@ def test_an_unusable_file_leaves_torchelastic_restart_count(
     warnings = [r for r in caplog.records if r.name == "nvrx.ft.cycle_info"]
     assert len(warnings) == 1
     assert str(broken) in warnings[0].getMessage()
+
+
+def test_a_distributed_run_gets_no_sync_dist_advice_for_the_cycle_metrics(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # With a process group up, Lightning advises sync_dist=True once per epoch-level
+    # metric; every rank reads the same file, so the advice is muted for nvrx/ names.
+    import socket
+    import warnings as warnings_module
+
+    import torch.distributed as dist
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    monkeypatch.setenv(CYCLE_INFO_ENV, str(_cycle_info(tmp_path / "c")))
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    try:
+        with warnings_module.catch_warnings(record=True) as caught:
+            warnings_module.simplefilter("always")
+            trainer = tiny_fit(
+                tmp_path, [StragglerDetectionCallback(report_time_interval=3600.0)], max_steps=2
+            )
+    finally:
+        dist.destroy_process_group()
+    assert _nvrx_metrics(trainer) == EXPECTED
+    advice = [str(w.message) for w in caught if "sync_dist" in str(w.message)]
+    assert not [m for m in advice if "nvrx/" in m], advice

@@ -22,6 +22,7 @@ import stat
 from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn
 
+from nvrx.ft._events import MAX_WALL_S as _MAX_WALL
 from nvrx.ft._files import write_file_atomically
 
 __all__ = [
@@ -51,7 +52,6 @@ _MAX_RANKS = 1 << 20
 _MAX_ID_CHARS = 255
 _MAX_TEXT_CHARS = 4096
 #: Wall times are seconds since the epoch; beyond this (year 2242) a value is garbage.
-_MAX_WALL = float(2**33)
 #: Longest goodput span: ten years of seconds.
 _MAX_SPAN_S = 10 * 365 * 86400.0
 #: Exit codes as torch reports them: 0-255, or minus the signal number.
@@ -91,6 +91,10 @@ def _text(where: str, value: object, limit: int, *, empty: bool = True) -> str:
         _fail(where, value, "not a string")
     if len(value) > limit or (not empty and not value):
         _fail(where, value, f"must be {'' if empty else '1-'}{limit} characters")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        _fail(where, value, "not valid Unicode (a lone surrogate)")
     return value
 
 
@@ -197,7 +201,7 @@ class CycleInfo:
     schema_version: int = CYCLE_INFO_SCHEMA_VERSION
 
     def __post_init__(self) -> None:
-        if self.schema_version != CYCLE_INFO_SCHEMA_VERSION:
+        if _int("schema_version", self.schema_version) != CYCLE_INFO_SCHEMA_VERSION:
             _fail("schema_version", self.schema_version, f"not {CYCLE_INFO_SCHEMA_VERSION}")
         _text("job_id", self.job_id, _MAX_ID_CHARS)
         _int("cycle", self.cycle)
@@ -297,7 +301,7 @@ class CycleInfo:
         """Validate a parsed file; ``ValueError`` names the first bad field and why."""
         if isinstance(document, Mapping) and "schema_version" in document:
             version = document["schema_version"]
-            if version != CYCLE_INFO_SCHEMA_VERSION or isinstance(version, bool):
+            if type(version) is not int or version != CYCLE_INFO_SCHEMA_VERSION:
                 _fail(
                     "schema_version",
                     version,

@@ -60,7 +60,9 @@ PROC_STATES = frozenset("RSDTtZXxKWPI")
 #: How rank_first_step saw the first iteration end.
 FIRST_STEP_VIA = frozenset({"heartbeat", "section"})
 #: Latest wall time accepted (year 2242): a larger value is garbage, not a time.
-_MAX_WALL = float(2**33)
+#: Largest wall-clock time (seconds since the epoch) a file or event may carry.
+MAX_WALL_S = float(2**33)
+_MAX_WALL = MAX_WALL_S
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,6 +128,13 @@ def _require(cond: bool, why: str) -> None:
 
 def parse_monitor_event(data: bytes) -> MonitorEvent:
     """Validate and parse one datagram; a ValueError says what is wrong with it."""
+    try:
+        return _parse_monitor_event(data)
+    except TypeError as exc:  # e.g. an unhashable value tested against a set of names
+        raise ValueError(f"bad monitor event: {exc}") from None
+
+
+def _parse_monitor_event(data: bytes) -> MonitorEvent:
     _require(len(data) <= MAX_EVENT_BYTES, f"{len(data)} bytes is too long")
     try:
         body = json.loads(data.decode("utf-8"))

@@ -147,17 +147,19 @@ def _first_step(snap: RankSnapshot, init_ns: int, now_ns: int) -> tuple[int, str
 
     The first heartbeat after init, or the first end of a ``step`` section (the rank
     counts its first two ``step`` openings in ``STEPS_STARTED``), whichever came first.
-    Exact for a heartbeat seen in the poll after it; otherwise the earliest moment the
-    block proves (never later than ``now_ns``).
+    The heartbeat slot holds the latest beat, so a rank beating faster than the poll is
+    reported up to one poll late; otherwise the earliest moment the block proves (never
+    later than ``now_ns``).
     """
     if snap.last_hb_ns > init_ns:
         return snap.last_hb_ns, "heartbeat"
     step_open = next((t for name, t in snap.open_sections if name == STEP_SECTION), 0)
     if snap.steps_started >= 2 and step_open:
         return min(step_open, now_ns), "section"  # the second step opened after the first ended
-    if snap.steps_started >= 1 and not step_open:
-        ended = snap.oos_since_ns if init_ns < snap.oos_since_ns <= now_ns else now_ns
-        return ended, "section"
+    if snap.steps_started >= 1 and not step_open and init_ns < snap.oos_since_ns <= now_ns:
+        # The count is bumped before the open time is stored: a step counted but not
+        # open yet has no close time after init, and is looked at again next poll.
+        return snap.oos_since_ns, "section"
     return None
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -106,14 +107,25 @@ def report_cycle_metrics(
     metrics = cycle_metrics()
     if not metrics:
         return {}
+    logged = False
     try:
         if pl_module is not None:
+            # Every rank reads the same file, so no sync_dist (a collective at each epoch
+            # end); Lightning would advise it once per metric when its epoch value is
+            # computed in a distributed run: that advice, for our names only, is muted.
+            warnings.filterwarnings("ignore", message=r".*self\.log\('nvrx/", category=UserWarning)
             pl_module.log_dict(metrics, logger=False, batch_size=1)
+            logged = True
+    except Exception as exc:  # a logging failure must not stop training
+        log(logging.WARNING, "Failed to put the restart cycle metrics in callback_metrics: %s", exc)
+    try:
         if trainer.is_global_zero:
             for pl_logger in trainer.loggers:
                 pl_logger.log_metrics(metrics, step=trainer.global_step)
-    except Exception as exc:  # a logging failure must not stop training
-        log(logging.WARNING, "Failed to log the restart cycle metrics: %s", exc)
+            logged = True
+    except Exception as exc:
+        log(logging.WARNING, "Failed to send the restart cycle metrics to the loggers: %s", exc)
+    if not logged:
         return {}
     log(
         logging.INFO,
