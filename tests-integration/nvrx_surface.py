@@ -635,9 +635,10 @@ FIELDS: tuple[Field, ...] = (
           "NVRx used it only to pace restart-progress log lines"),
     Field("enable_nic_monitor", True, False, False, Status.DIFFERENT, "false",
           "0.7's default; the option overrides YAML only when given"),
-    Field("enable_nic_healthcheck", MISSING, True, False, Status.DIFFERENT, "true",
-          "off by default here: every NIC port must be ACTIVE and its link_downed counter "
-          "steady before each rendezvous, else the node leaves (exit 3)"),
+    Field("enable_nic_healthcheck", MISSING, True, True, Status.SAME, "true",
+          "before each rendezvous: a port gone from ACTIVE to not ACTIVE, or a grown "
+          "link_downed counter, makes the node leave (exit 3); not ACTIVE at the first "
+          "check is logged once"),
     Field("enable_dist_storage_healthcheck", MISSING, False, False, Status.ACCEPTED, "false",
           "no storage health check here"),
     Field("storage_healthcheck_path", MISSING, None, None, Status.SAME, "/data",
@@ -1017,6 +1018,14 @@ FLAGS: tuple[Flag, ...] = (
         Status.ADDED,
         "",
         "restarted ranks start from spare Pythons with torch imported",
+    ),
+    Flag(
+        ("--ft-standby-nodes", "--ft_standby_nodes"),
+        "--ft-standby-nodes",
+        Status.ADDED,
+        "",
+        "--nnodes=MIN:MAX with MIN active nodes and the rest standby, as NVRx 0.7's "
+        "barrier rendezvous always does; without it MIN:MAX keeps torchrun's elastic meaning",
     ),
     Flag(
         ("--rdzv-poll-interval", "--monitor-ready-timeout"),

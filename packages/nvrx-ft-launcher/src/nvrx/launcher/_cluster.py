@@ -44,6 +44,8 @@ class ClusterOptions:
     cycle_info_dir: str | None = None
     cycle_info_job_id: str | None = None
     applog_prefix: str | None = None
+    #: --ft-standby-nodes: of --nnodes=MIN:MAX, MIN nodes run the job and the rest wait.
+    standby_nodes: bool = False
 
 
 def _storage_paths(text: str | None) -> tuple[str, ...]:
@@ -80,4 +82,5 @@ def cluster_options(
         cycle_info_dir=cycle_dir,
         cycle_info_job_id=args.ft_cycle_info_job_id,
         applog_prefix=args.ft_per_cycle_applog_prefix,
+        standby_nodes=bool(getattr(args, "ft_standby_nodes", False)),
     )

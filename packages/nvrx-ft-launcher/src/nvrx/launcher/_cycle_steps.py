@@ -24,7 +24,14 @@ from nvrx.ft import CycleGoodput
 from ._app_logs import cycle_log_paths
 from ._cluster import ClusterOptions
 from ._cycle_records import CycleInfoSink, cycle_info_attempt, cycle_info_job_id
-from ._events import CycleStarted, GpuMemoryReclaim, NodeUnhealthy, NumaBinding, Recorder
+from ._events import (
+    CycleStarted,
+    GpuMemoryReclaim,
+    NodeReplaced,
+    NodeUnhealthy,
+    NumaBinding,
+    Recorder,
+)
 from ._gpu_memory import MemoryReading, nvml_reader, wait_for_reclaim
 from ._group_rank import GroupRankAligner
 from ._node_health import NodeHealth, NodeHealthChecker
@@ -51,7 +58,7 @@ class CycleSteps:
         self.options = options
         self._recorder = recorder
         self._node_id = node_id
-        self.aligner = GroupRankAligner(os.environ, node_id)
+        self.aligner = GroupRankAligner(os.environ, node_id, stable=options.standby_nodes)
         self._health = NodeHealthChecker(options.health) if options.health.any else None
         self._numa = numa
         self._gpu_read: Callable[[], MemoryReading] | None = None
@@ -133,6 +140,13 @@ class CycleSteps:
         local_ranks: dict[int, int],
     ) -> None:
         """The ranks of ``cycle`` are about to be spawned (cycle-info file's start)."""
+        for group_rank_left, left, by in self.aligner.replaced:
+            self._recorder.record(
+                NodeReplaced(
+                    cycle=cycle, group_rank=group_rank_left, replaced_node=left, by_node=by
+                )
+            )
+        self.aligner.replaced = []
         nodes = [{"node_id": n, "group_rank": r} for n, r in self.aligner.nodes]
         if not nodes and group_rank is not None:
             nodes = [{"node_id": self._node_id, "group_rank": group_rank}]

@@ -164,6 +164,22 @@ class NodeUnhealthy(Event):
 
 
 @dataclasses.dataclass(frozen=True)
+class NodeReplaced(Event):
+    """A standby node took the place (and group rank) of a node that left the job.
+
+    Journalled by every node that was in the round before, when the cycle starts.
+    """
+
+    EVENT: ClassVar[str] = "node_replaced"
+    #: The cycle the standby joins.
+    cycle: int
+    group_rank: int
+    #: The node that left, and the standby now in its place (host:pid:random).
+    replaced_node: str
+    by_node: str
+
+
+@dataclasses.dataclass(frozen=True)
 class GpuMemoryReclaim(Event):
     """After a cycle's ranks stopped, before the next start: did the GPU memory come back."""
 

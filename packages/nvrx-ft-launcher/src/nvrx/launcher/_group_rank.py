@@ -8,6 +8,12 @@ every node publishes its scheduler index in the round's store, torch's rank 0 so
 them (:func:`aligned_ranks`) and publishes each node's place, and every node takes
 it: O(1) store operations per node. The ranks stay dense (0..N-1) when the
 scheduler's are not (a replaced node).
+
+With standby nodes (``--ft-standby-nodes``) the ranks are also stable: a node that was in
+the previous round keeps its group rank, and a standby that takes a departed node's
+place gets that node's rank (:func:`stable_ranks`); every node then reads the round's
+node list, so each one that was in the previous round can say who replaced whom
+(:func:`replacements`).
 """
 
 from __future__ import annotations
@@ -96,12 +102,51 @@ def aligned_ranks(keys: Sequence[InfraKey]) -> list[int]:
     return ranks
 
 
-def _published(mine: InfraKey, node: str) -> str:
-    return json.dumps({"tier": mine.tier, "index": mine.index, "node": node})
+def stable_ranks(keys: Sequence[InfraKey], previous: Sequence[int | None]) -> list[int]:
+    """Like :func:`aligned_ranks`, but a node keeps its ``previous`` group rank.
+
+    ``previous[r]`` is the group rank torch rank r had in the last round it was in
+    (None: a node new to the job, a standby). Kept ranks must be unique and below the
+    world size (else that node is treated as new); the free ranks go to the new nodes
+    in :func:`aligned_ranks` order. A permutation of 0..N-1 whatever the inputs.
+    """
+    n = len(keys)
+    ranks: list[int | None] = [None] * n
+    taken: set[int] = set()
+    for r in sorted(range(n), key=lambda r: (keys[r], r)):
+        prev = previous[r]
+        if prev is not None and 0 <= prev < n and prev not in taken:
+            ranks[r] = prev
+            taken.add(prev)
+    free = iter(g for g in range(n) if g not in taken)
+    for r in sorted(range(n), key=lambda r: (keys[r], r)):
+        if ranks[r] is None:
+            ranks[r] = next(free)
+    return [g for g in ranks if g is not None]
 
 
-def _parse_published(text: bytes | str) -> tuple[InfraKey, str]:
-    """A node's published key and id; ValueError for anything else."""
+def replacements(
+    before: Sequence[tuple[str, int]], after: Sequence[tuple[str, int]]
+) -> list[tuple[int, str, str]]:
+    """``(group rank, node that left, node that took its place)`` between two rounds."""
+    old = {rank: node for node, rank in before}
+    now = {node for node, _ in after}
+    return [
+        (rank, old[rank], node)
+        for node, rank in sorted(after, key=lambda p: p[1])
+        if rank in old and old[rank] != node and old[rank] not in now
+    ]
+
+
+def _published(mine: InfraKey, node: str, previous: int | None) -> str:
+    data: dict[str, object] = {"tier": mine.tier, "index": mine.index, "node": node}
+    if previous is not None:
+        data["prev"] = previous
+    return json.dumps(data)
+
+
+def _parse_published(text: bytes | str) -> tuple[InfraKey, str, int | None]:
+    """A node's published key, id and previous group rank; ValueError for anything else."""
     try:
         data = json.loads(text)
     except ValueError:
@@ -111,10 +156,13 @@ def _parse_published(text: bytes | str) -> tuple[InfraKey, str]:
     node = data.pop("node")
     if not isinstance(node, str) or not 0 < len(node) <= 255 or not node.isprintable():
         raise ValueError(f"not a node id: {node!r}")
-    return InfraKey.from_json(json.dumps(data)), node
+    prev = data.pop("prev", None)
+    if prev is not None and (type(prev) is not int or not 0 <= prev <= _MAX_INDEX):
+        raise ValueError(f"not a previous group rank: {prev!r}")
+    return InfraKey.from_json(json.dumps(data)), node, prev
 
 
-def _gather(store: Store, world_size: int) -> list[tuple[InfraKey, str]]:
+def _gather(store: Store, world_size: int) -> list[tuple[InfraKey, str, int | None]]:
     """Every node's published key and id (torch's rank 0 only: one wait, one multi_get)."""
     names = [f"{_KEY}{r}" for r in range(world_size)]
     store.wait(names, timedelta(seconds=_WAIT_S))
@@ -125,7 +173,7 @@ def _gather(store: Store, world_size: int) -> list[tuple[InfraKey, str]]:
         except ValueError as exc:
             # A value nobody of this job wrote: that node keeps torch's order.
             logger.warning("ignoring the group rank key of rendezvous rank %d: %s", r, exc)
-            found.append((InfraKey(2, r), f"rendezvous-rank-{r}"))
+            found.append((InfraKey(2, r), f"rendezvous-rank-{r}", None))
     return found
 
 
@@ -139,19 +187,32 @@ def _read_rank(store: Store, torch_rank: int, world_size: int) -> int:
 
 
 def _align(
-    store: Store, torch_rank: int, world_size: int, mine: InfraKey, node: str
+    store: Store,
+    torch_rank: int,
+    world_size: int,
+    mine: InfraKey,
+    node: str,
+    previous: int | None = None,
+    *,
+    everyone_lists: bool = False,
 ) -> tuple[int, tuple[tuple[str, int], ...]]:
     """This node's aligned group rank, and (node id, group rank) of every node if it is 0.
 
     Every node publishes its key; torch's rank 0 reads them all, sorts them and publishes
     each node's group rank under a key of its own: O(1) store operations per node
-    (rank 0: O(1) calls carrying N values), not N reads on every node.
+    (rank 0: O(1) calls carrying N values), not N reads on every node. With
+    ``previous`` (stable ranks) a node keeps its last group rank; ``everyone_lists``:
+    every node reads the node list (one more get), not only group rank 0.
     """
-    store.set(f"{_KEY}{torch_rank}", _published(mine, node))
+    store.set(f"{_KEY}{torch_rank}", _published(mine, node, previous))
     if torch_rank == 0:
         found = _gather(store, world_size)
-        ranks = aligned_ranks([key for key, _ in found])
-        listing = sorted(((n, ranks[r]) for r, (_, n) in enumerate(found)), key=lambda p: p[1])
+        keys = [key for key, _, _ in found]
+        if everyone_lists:
+            ranks = stable_ranks(keys, [prev for _, _, prev in found])
+        else:
+            ranks = aligned_ranks(keys)
+        listing = sorted(((n, ranks[r]) for r, (_, n, _) in enumerate(found)), key=lambda p: p[1])
         store.set(_NODES, json.dumps(listing))
         names, values = [f"{_RESULT}{r}" for r in range(world_size)], [str(n) for n in ranks]
         multi_set = getattr(store, "multi_set", None)  # at run time since torch 2.4, no stub
@@ -165,7 +226,7 @@ def _align(
     except ValueError as exc:
         logger.warning("keeping the rendezvous order: %s", exc)
         return torch_rank, ((node, torch_rank),)
-    if rank != 0:
+    if rank != 0 and not everyone_lists:
         return rank, ((node, rank),)
     try:
         listed = json.loads(store.get(_NODES))
@@ -184,12 +245,18 @@ class GroupRankAligner:
     torch's, the same on every node.
     """
 
-    def __init__(self, env: Mapping[str, str], node: str) -> None:
+    def __init__(self, env: Mapping[str, str], node: str, *, stable: bool = False) -> None:
         self._env = env
         self._node = node
+        #: Standby nodes: keep group ranks across rounds and list every node everywhere.
+        self._stable = stable
         #: (node id, group rank) of the last round: every node's on group rank 0 (the
-        #: cycle-info writer), this node's alone elsewhere.
+        #: cycle-info writer) and with ``stable``, this node's alone elsewhere.
         self.nodes: tuple[tuple[str, int], ...] = ()
+        #: With ``stable``: (group rank, node that left, node in its place) of the last
+        #: round, for a node that was in the round before (empty otherwise).
+        self.replaced: list[tuple[int, str, str]] = []
+        self._rank: int | None = None
 
     def install(self, handler: RendezvousHandler) -> None:
         """Wrap ``handler.next_rendezvous`` (this handler only; torch's class is untouched)."""
@@ -198,7 +265,21 @@ class GroupRankAligner:
         def next_rendezvous() -> RendezvousInfo:
             info = original()
             mine = infra_key(self._env, info.rank)
-            rank, self.nodes = _align(info.store, info.rank, info.world_size, mine, self._node)
+            before = self.nodes
+            rank, self.nodes = _align(
+                info.store,
+                info.rank,
+                info.world_size,
+                mine,
+                self._node,
+                self._rank if self._stable else None,
+                everyone_lists=self._stable,
+            )
+            self._rank = rank
+            if self._stable and len(before) > 1:
+                self.replaced = replacements(before, self.nodes)
+                for group_rank, left, by in self.replaced:
+                    logger.warning("node %s replaced %s as group rank %d", by, left, group_rank)
             if rank != info.rank:
                 logger.info(
                     "group rank %d (from %s; the rendezvous numbered this node %d)",

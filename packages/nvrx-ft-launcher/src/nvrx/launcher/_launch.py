@@ -201,7 +201,9 @@ def launch(options: LaunchOptions, monitors: MonitorSupervisor | None = None) ->
         endpoint=config.rdzv_endpoint,
         run_id=config.run_id,
         min_nodes=config.min_nodes,
-        max_nodes=config.max_nodes,
+        # Standby nodes: a round is full at MIN; the others wait in torch's redundancy
+        # list (not counted as waiting nodes) until a round has room.
+        max_nodes=config.min_nodes if options.cluster.standby_nodes else config.max_nodes,
         local_addr=config.local_addr,
         **config.rdzv_configs,
     )
@@ -260,10 +262,13 @@ def launch(options: LaunchOptions, monitors: MonitorSupervisor | None = None) ->
                 metrics_url=None if server is None else server.url,
             )
         )
-        agent.run()
+        result = agent.run()
         code = ExitCode.SUCCESS
-        reason = "every rank finished successfully"
-        logger.info("all ranks finished successfully")
+        if result is None:  # torch's graceful exit: the job ended while this node waited
+            reason = "the job ended while this node waited as a standby"
+        else:
+            reason = "every rank finished successfully"
+        logger.info("%s", reason)
     except LauncherExit as exc:
         code = exc.code
         reason = str(exc)

@@ -460,6 +460,20 @@ def _add_cluster_options(parser: argparse.ArgumentParser) -> None:
         "SLURM_JOB_ID, else none)",
     )
     cluster.add_argument(
+        "--ft-standby-nodes",
+        "--ft_standby_nodes",
+        dest="ft_standby_nodes",
+        type=_flag_value,
+        nargs="?",
+        const=True,
+        default=False,
+        help="with --nnodes=MIN:MAX, the first MIN nodes to join run the job and the "
+        "others wait as standbys (no ranks); at the next restart a standby takes the "
+        "place and group rank of a node that left (failed, excluded or unhealthy), and "
+        "the journal says which (node_replaced). Without it, MIN:MAX keeps torchrun's "
+        "elastic meaning: every node in the range runs ranks (default: off)",
+    )
+    cluster.add_argument(
         "--ft-use-infra-group-rank",
         "--ft-use_infra_group_rank",
         "--ft_use_infra_group_rank",

@@ -1,0 +1,118 @@
+"""Standby nodes on one machine: 3 ft_launchers over a c10d rendezvous on 127.0.0.1.
+
+With ``--nnodes=2:3 --ft-standby-nodes`` two nodes run the job (real gloo DDP ranks that
+checkpoint) and the third waits with no ranks. One active node is SIGKILLed: its ranks
+die with it, the survivor's ranks fail, and at the restart the standby takes the killed
+node's place and group rank; training resumes from the checkpoint with the same world
+size and every step runs once. The survivor journals ``node_replaced``. Nothing is left
+behind (the ``launch`` fixture fails the test otherwise).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import signal
+import socket
+import time
+from typing import Any
+
+import pytest
+from conftest import Launch
+from itest_harness import DDP_STEPS, LauncherRun, assert_every_step_once, free_port, wait_for
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(300)]
+
+STEPS = 30
+
+
+def _jsonl(path: pathlib.Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _events(path: pathlib.Path, kind: str) -> list[dict[str, Any]]:
+    return [r for r in _jsonl(path) if r.get("event") == kind]
+
+
+def _store_up(port: int, timeout: float = 120.0) -> None:
+    """Wait until the first launcher hosts the rendezvous store (it must stay in the job)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.1)
+    raise AssertionError(f"no rendezvous store on port {port} after {timeout:.0f} s")
+
+
+def test_a_standby_replaces_a_killed_node_and_training_goes_on(
+    launch: Launch, tmp_path: pathlib.Path, out_dir: pathlib.Path
+) -> None:
+    port = free_port()
+    rdzv = [
+        "--nnodes=2:3",
+        "--ft-standby-nodes",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint=127.0.0.1:{port}",
+        "--rdzv-id=standby",
+        # A dead node leaves the rendezvous after 3 missed 1 s keep-alives (torch: 15 s).
+        "--rdzv-conf=last_call_timeout=1,join_timeout=120,keep_alive_interval=1,"
+        "keep_alive_max_attempt=3",
+        "--max-restarts=1",
+    ]
+    runs: list[LauncherRun] = []
+    for i in range(3):
+        runs.append(
+            launch(
+                [f"--steps={STEPS}", "--step-time=0.2", "--checkpoint-every=2"],
+                [*rdzv, f"--ft-journal={tmp_path / f'j{i}.jsonl'}"],
+                script=DDP_STEPS,
+                name=f"node{i}",
+                nproc=1,
+                standalone=False,
+            )
+        )
+        if i == 0:
+            _store_up(port)
+    journals = [tmp_path / f"j{i}.jsonl" for i in range(3)]
+
+    def active() -> list[int]:
+        return [i for i in range(3) if _events(journals[i], "workers_started")]
+
+    wait_for(lambda: len(active()) == 2, 120, "two nodes started ranks")
+    wait_for(lambda: runs[0].steps_done(rank=0) >= 4, 120, "training ran 4 steps")
+    assert 0 in active(), "the store's host (started first) should be an active node"
+    (victim,) = [i for i in active() if i != 0]
+    (standby,) = [i for i in range(3) if i not in active()]
+    assert _events(journals[0], "decision") == [], "the standby must not restart the job"
+    killed_rank = _events(journals[victim], "workers_started")[0]["group_rank"]
+    killed_node = _jsonl(journals[victim])[0]["node"]
+    os.kill(runs[victim].pid, signal.SIGKILL)
+    assert runs[victim].wait(30) == -signal.SIGKILL
+
+    runs[0].expect_exit(0, 180)
+    runs[standby].expect_exit(0, 60)
+
+    # The standby ran nothing in cycle 0, then took the killed node's group rank.
+    (started,) = _events(journals[standby], "workers_started")
+    assert started["cycle"] == 1
+    assert started["group_rank"] == killed_rank
+    standby_node = started["node"]
+    # The survivor kept its group rank and journalled the replacement.
+    ranks0 = [e["group_rank"] for e in _events(journals[0], "workers_started")]
+    assert ranks0 == [1 - killed_rank] * 2
+    (replaced,) = _events(journals[0], "node_replaced")
+    assert replaced["cycle"] == 1
+    assert replaced["group_rank"] == killed_rank
+    assert replaced["replaced_node"] == killed_node
+    assert replaced["by_node"] == standby_node
+    (decision,) = _events(journals[0], "decision")
+    assert decision["trigger"] == "failure"
+    # Same world size after the replacement, and every step ran once.
+    journal = runs[0].journal()
+    worlds = {e["attempt"]: e["world"] for e in journal if e["event"] == "start"}
+    assert worlds == {0: 2, 1: 2}
+    assert_every_step_once(journal, STEPS, ranks=(0, 1))
