@@ -40,11 +40,39 @@ def test_nic_ports_active_and_steady_are_healthy(tmp_path: pathlib.Path) -> None
     assert check.check() == ([], None)
 
 
-def test_a_nic_port_down_fails_naming_it(tmp_path: pathlib.Path) -> None:
+def test_a_port_down_at_the_first_check_is_logged_once_not_a_failure(
+    tmp_path: pathlib.Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """NVRx's outcome: a port that was never ACTIVE (say, not cabled) is no failure."""
     state, down = _fake_ib(tmp_path, {"mlx5_0": ("4: ACTIVE", 0), "mlx5_1": ("1: DOWN", 0)})
-    failures, skipped = NicCheck(state, down).check()
+    check = NicCheck(state, down)
+    with caplog.at_level("INFO", logger="nvrx.launcher"):
+        assert check.check() == ([], None)
+        assert check.check() == ([], None)
+    said = [r.getMessage() for r in caplog.records if "mlx5_1" in r.getMessage()]
+    assert len(said) == 1
+    assert "1: DOWN at this launcher's first check" in said[0]
+    # Once it came up, going down again is a failure.
+    (tmp_path / "mlx5_1/ports/1/state").write_text("4: ACTIVE\n")
+    assert check.check() == ([], None)
+    (tmp_path / "mlx5_1/ports/1/state").write_text("2: INIT\n")
+    assert check.check() == (
+        [HealthFailure("nic", "mlx5_1 port went from ACTIVE to 2: INIT")],
+        None,
+    )
+
+
+def test_a_port_that_goes_from_active_to_down_fails_naming_it(tmp_path: pathlib.Path) -> None:
+    state, down = _fake_ib(tmp_path, {"mlx5_0": ("4: ACTIVE", 0), "mlx5_1": ("4: ACTIVE", 0)})
+    check = NicCheck(state, down)
+    assert check.check() == ([], None)
+    (tmp_path / "mlx5_1/ports/1/state").write_text("1: DOWN\n")
+    failures, skipped = check.check()
     assert skipped is None
-    assert failures == [HealthFailure("nic", "mlx5_1 port state is 1: DOWN")]
+    assert failures == [HealthFailure("nic", "mlx5_1 port went from ACTIVE to 1: DOWN")]
+    # Still down at the next check: the change was reported; the node left already.
+    (tmp_path / "mlx5_1/ports/1/state").unlink()
+    assert check.check() == ([], None)
 
 
 def test_a_grown_link_downed_counter_fails_at_the_next_check(tmp_path: pathlib.Path) -> None:
@@ -170,7 +198,7 @@ def test_gpu_check_is_skipped_once_without_nvml(caplog: pytest.LogCaptureFixture
 
 
 def test_all_failures_are_gathered_with_their_reasons(tmp_path: pathlib.Path) -> None:
-    state, down = _fake_ib(tmp_path / "ib", {"mlx5_0": ("1: DOWN", 0)})
+    state, down = _fake_ib(tmp_path / "ib", {"mlx5_0": ("4: ACTIVE", 0)})
     settings = HealthSettings(
         gpu=False,
         nic=True,
@@ -179,10 +207,13 @@ def test_all_failures_are_gathered_with_their_reasons(tmp_path: pathlib.Path) ->
         storage_paths=(str(tmp_path / "absent"),),
         command=f"{sys.executable} -c 'exit(1)'",
     )
-    health = NodeHealthChecker(settings).check()
+    checker = NodeHealthChecker(settings)
+    assert [f.check for f in checker.check().failures] == ["storage", "command"]
+    (tmp_path / "ib/mlx5_0/ports/1/state").write_text("1: DOWN\n")
+    health = checker.check()
     assert not health.healthy
     assert [f.check for f in health.failures] == ["nic", "storage", "command"]
-    assert health.reason.startswith("nic: mlx5_0 port state is 1: DOWN; storage: ")
+    assert health.reason.startswith("nic: mlx5_0 port went from ACTIVE to 1: DOWN; storage: ")
 
 
 @pytest.mark.gpu

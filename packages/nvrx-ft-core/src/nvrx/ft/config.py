@@ -475,10 +475,12 @@ class FaultToleranceConfig:
         "nothing polls",
     )
     enable_nic_healthcheck: bool = _field(
-        False,
+        True,
         parse_bool,
-        "ft_launcher: before each rendezvous every NIC port's state file "
-        "(link_state_path_template) must say ACTIVE, else the node leaves the job (exit 3)",
+        "ft_launcher: before each rendezvous, a NIC port that went from ACTIVE to not ACTIVE "
+        "(link_state_path_template) or whose link_downed counter grew since the previous "
+        "check makes the node leave the job (exit 3); a port not ACTIVE at the first check "
+        "is logged once",
     )
     link_state_path_template: str | None = _field(
         None,

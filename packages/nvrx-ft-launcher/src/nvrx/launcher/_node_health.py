@@ -11,10 +11,11 @@ The checks and what they read:
 
 - ``gpu``: NVML (``pynvml``): every GPU must be reachable and ask for no recovery
   action; skipped without NVML or GPUs (a CPU machine);
-- ``nic``: each NIC port's state file (``link_state_path_template``, NVRx's default
-  ``/sys/class/infiniband/{nic}/ports/1/state``) must say ACTIVE, and its
-  ``link_downed`` counter (``link_down_path_template``) must not have grown since the
-  previous check of this launcher;
+- ``nic``: a NIC port (state file ``link_state_path_template``, NVRx's default
+  ``/sys/class/infiniband/{nic}/ports/1/state``) fails the node when it went from ACTIVE
+  to anything else since the previous check of this launcher, or when its
+  ``link_downed`` counter (``link_down_path_template``) grew; a port that is not ACTIVE
+  at its first check (an unused port) is logged once and is no failure: NVRx's outcome;
 - ``storage``: each path must exist and take a file written, synced and removed within
   :data:`STORAGE_TIMEOUT_S` (a hung mount fails instead of hanging the launcher);
 - ``command``: ``--ft-node-health-check-cmd`` must exit 0 within
@@ -165,11 +166,16 @@ def _read(path: str) -> str | None:
 
 
 class NicCheck:
-    """Port states and link_downed counters; remembers the counters between checks."""
+    """Port states and link_downed counters, each compared with this launcher's last check.
+
+    A failure is a change for the worse (ACTIVE to not ACTIVE, a grown counter), so a
+    port that was never up, e.g. one not cabled, does not keep every node out of the job.
+    """
 
     def __init__(self, state_template: str | None, down_template: str | None) -> None:
         self._state_template = state_template or DEFAULT_LINK_STATE_PATH_TEMPLATE
         self._down_template = down_template or DEFAULT_LINK_DOWN_PATH_TEMPLATE
+        self._active: dict[str, bool] = {}
         self._downed: dict[str, int] = {}
 
     def check(self) -> tuple[list[HealthFailure], str | None]:
@@ -178,11 +184,9 @@ class NicCheck:
             return [], f"nic: no NIC matches {self._state_template}"
         failures = []
         for nic in nics:
-            state = _read(self._state_template.format(nic=nic))
-            if state is None or "ACTIVE" not in state.upper():
-                failures.append(
-                    HealthFailure("nic", f"{nic} port state is {state or 'unreadable'}")
-                )
+            failure = self._state_change(nic)
+            if failure is not None:
+                failures.append(failure)
             text = _read(self._down_template.format(nic=nic))
             if text is None or not text.isdigit():
                 continue
@@ -193,6 +197,26 @@ class NicCheck:
                     HealthFailure("nic", f"{nic} link went down {downed - before} time(s)")
                 )
         return failures, None
+
+    def _state_change(self, nic: str) -> HealthFailure | None:
+        state = _read(self._state_template.format(nic=nic))
+        active = state is not None and "ACTIVE" in state.upper()
+        before = self._active.get(nic)
+        self._active[nic] = active
+        if active:
+            return None
+        said = state or "unreadable"
+        if before is None:
+            logger.warning(
+                "NIC %s port state is %s at this launcher's first check: not a failure; "
+                "the node leaves the job if a port goes from ACTIVE to not ACTIVE",
+                nic,
+                said,
+            )
+            return None
+        if before:
+            return HealthFailure("nic", f"{nic} port went from ACTIVE to {said}")
+        return None
 
 
 # --- storage -----------------------------------------------------------------------
