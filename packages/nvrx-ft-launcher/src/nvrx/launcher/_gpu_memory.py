@@ -9,18 +9,29 @@ processes still holding memory when it gives up (NVRx's
 ``--ft-gpu-memory-reclaim-timeout``, ``--ft-gpu-memory-tolerance-mb``,
 ``--ft-gpu-memory-poll-interval``, ``--ft-check-remaining-processes``).
 
+Only this launcher's GPUs count (``CUDA_VISIBLE_DEVICES``, as indexes or GPU UUIDs):
+a neighbour job's memory on the machine's other GPUs must not hold our restart up.
+
 :func:`wait_for_reclaim` is the loop, over any reader of :class:`MemoryReading`, so it
-is tested without a GPU; :func:`nvml_reader` reads NVML, and is None without it.
+is tested without a GPU; :func:`nvml_reader` reads NVML, and is None without it;
+:class:`GpuMemoryWatch` is what a restart cycle calls, and never raises (a lost GPU
+makes NVML fail: logged once, the wait skipped).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
+import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from ._cluster import GpuMemorySettings
+
 __all__: list[str] = []
+
+logger = logging.getLogger("nvrx.launcher")
 
 _MB = 1024 * 1024
 
@@ -85,13 +96,15 @@ def wait_for_reclaim(
     timeout: float,
     tolerance_mb: float,
     poll_interval: float,
+    name_leftover: bool = True,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
 ) -> ReclaimResult:
     """Poll ``read`` until every GPU is within ``tolerance_mb`` of ``baseline`` or time is up.
 
     Reads once at once (the usual case: memory is back already), then every
-    ``poll_interval`` s, never sleeping past the deadline.
+    ``poll_interval`` s, never sleeping past the deadline. ``name_leftover`` false
+    (--ft-check-remaining-processes off): the result names no process.
     """
     start = clock()
     deadline = start + timeout
@@ -100,7 +113,7 @@ def wait_for_reclaim(
         now = clock()
         done = _within(reading, baseline, tolerance_mb)
         if done or now >= deadline:
-            leftover = () if done else reading.processes
+            leftover = () if done or not name_leftover else reading.processes
             return ReclaimResult(
                 done, now - start, dict(reading.used_mb), dict(baseline), tuple(leftover)
             )
@@ -115,24 +128,72 @@ def _process_name(pid: int) -> str:
         return "?"
 
 
-def nvml_reader() -> tuple[Callable[[], MemoryReading] | None, str]:
-    """A reader of every GPU's used memory through NVML, or (None, why not)."""
+def visible_gpus(text: str | None, uuids: Sequence[str]) -> list[int]:
+    """The machine's GPU indexes that ``CUDA_VISIBLE_DEVICES=text`` leaves visible.
+
+    ``uuids`` are the machine's GPUs' UUIDs by index. Unset: every GPU. As CUDA
+    reads it: comma-separated indexes or (unique prefixes of) ``GPU-`` UUIDs, in
+    order, up to the first entry that names no GPU (so ``""`` and ``-1`` hide all);
+    a ``MIG-`` entry also ends the list (its memory is not a whole GPU's).
+    """
+    if text is None:
+        return list(range(len(uuids)))
+    chosen: list[int] = []
+    for raw in text.split(","):
+        entry = raw.strip()
+        if entry.isdigit() and int(entry) < len(uuids):
+            index = int(entry)
+        elif entry.startswith("GPU-"):
+            matches = [i for i, uuid in enumerate(uuids) if uuid.startswith(entry)]
+            if len(matches) != 1:
+                break
+            index = matches[0]
+        else:
+            break
+        if index in chosen:
+            break  # CUDA refuses a repeated device
+        chosen.append(index)
+    return chosen
+
+
+def nvml_reader(
+    env: Mapping[str, str] = os.environ,
+) -> tuple[Callable[[], MemoryReading] | None, str]:
+    """A reader of this launcher's GPUs' used memory through NVML, or (None, why not).
+
+    The GPUs are those ``CUDA_VISIBLE_DEVICES`` in ``env`` leaves visible. Never
+    raises: any NVML error (no driver, a lost GPU) is the "why not".
+    """
     try:
         import pynvml
-
-        pynvml.nvmlInit()
-        count = pynvml.nvmlDeviceGetCount()
     except Exception as exc:
         return None, f"NVML is not available ({exc or type(exc).__name__})"
-    if count == 0:
-        pynvml.nvmlShutdown()
-        return None, "NVML sees no GPU"
-    handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+    try:
+        pynvml.nvmlInit()
+    except Exception as exc:
+        return None, f"NVML is not available ({exc or type(exc).__name__})"
+    try:
+        count = pynvml.nvmlDeviceGetCount()
+        all_handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+        uuids = [_text(pynvml.nvmlDeviceGetUUID(h)) for h in all_handles]
+    except Exception as exc:
+        _shutdown(pynvml)
+        return None, f"NVML cannot list the GPUs ({exc or type(exc).__name__})"
+    indexes = visible_gpus(env.get("CUDA_VISIBLE_DEVICES"), uuids)
+    if not indexes:
+        _shutdown(pynvml)
+        if count == 0:
+            return None, "NVML sees no GPU"
+        return None, (
+            f"CUDA_VISIBLE_DEVICES={env.get('CUDA_VISIBLE_DEVICES')!r} leaves none of "
+            f"this machine's {count} GPU(s) visible"
+        )
+    handles = {index: all_handles[index] for index in indexes}
 
     def read() -> MemoryReading:
         used: dict[int, float] = {}
         processes: list[GpuProcess] = []
-        for index, handle in enumerate(handles):
+        for index, handle in handles.items():
             used[index] = pynvml.nvmlDeviceGetMemoryInfo(handle).used / _MB
             try:
                 running = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
@@ -151,3 +212,81 @@ def nvml_reader() -> tuple[Callable[[], MemoryReading] | None, str]:
         return MemoryReading(used, tuple(processes))
 
     return read, ""
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode("ascii", "replace") if isinstance(value, bytes) else str(value)
+
+
+def _shutdown(pynvml: Any) -> None:
+    try:
+        pynvml.nvmlShutdown()
+    except Exception as exc:  # nothing left to do about it
+        logger.debug("nvmlShutdown: %r", exc)
+
+
+class GpuMemoryWatch:
+    """The reclaim wait as a step of the restart cycle: baseline first, wait on restarts.
+
+    Never raises. Without NVML (or with no visible GPU) it says so once and is off;
+    a read that fails (a lost GPU) is logged once and that wait is skipped.
+    """
+
+    def __init__(
+        self,
+        settings: GpuMemorySettings,
+        open_reader: Callable[[], tuple[Callable[[], MemoryReading] | None, str]] = nvml_reader,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.settings = settings
+        self._open = open_reader
+        self._read: Callable[[], MemoryReading] | None = None
+        self._off = False
+        self._read_failed = False
+        self._baseline: dict[int, float] | None = None
+        self._clock = clock
+        self._sleep = sleep
+
+    def before_start(self, *, restart: bool) -> ReclaimResult | None:
+        """Baseline at the first start; on a restart the wait's result (None: no wait)."""
+        read = self._reader()
+        if read is None:
+            return None
+        try:
+            if self._baseline is None or not restart:
+                self._baseline = dict(read().used_mb)
+                return None
+            settings = self.settings
+            return wait_for_reclaim(
+                read,
+                self._baseline,
+                timeout=settings.timeout,
+                tolerance_mb=settings.tolerance_mb,
+                poll_interval=settings.poll_interval,
+                name_leftover=settings.check_remaining_processes,
+                clock=self._clock,
+                sleep=self._sleep,
+            )
+        except Exception as exc:  # NVML trouble never stops a restart
+            if not self._read_failed:
+                self._read_failed = True
+                logger.warning(
+                    "GPU memory reclaim wait skipped: NVML read failed: %r "
+                    "(later failures not logged)",
+                    exc,
+                )
+            return None
+
+    def _reader(self) -> Callable[[], MemoryReading] | None:
+        if self._read is None and not self._off:
+            try:
+                read, why = self._open()
+            except Exception as exc:  # an opener is not supposed to raise; still never stop
+                read, why = None, repr(exc)
+            if read is None:
+                self._off = True
+                logger.info("GPU memory reclaim wait skipped: %s", why)
+            self._read = read
+        return self._read
