@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from nvrx.ft import FaultToleranceConfig
 
 from ._node_health import HealthSettings
-from ._numa import GPUS_PER_NUMA_ENV, parse_gpus_per_numa
+from ._numa import GPUS_PER_NUMA_ENV, machine_plan, numactl_refusal, parse_gpus_per_numa
 
 __all__: list[str] = []
 
@@ -52,6 +52,18 @@ def _storage_paths(text: str | None) -> tuple[str, ...]:
     return tuple(p.strip() for p in (text or "").split(",") if p.strip())
 
 
+def _check_numactl(args: argparse.Namespace, gpus_per_numa: int, strict: bool) -> None:
+    """numactl tried once with each binding the ranks will get; refused: ValueError."""
+    nproc = str(getattr(args, "nproc_per_node", "") or "")
+    plan = machine_plan(int(nproc) if nproc.isdigit() else None, gpus_per_numa, strict, log=False)
+    refused = numactl_refusal(plan)
+    if refused is not None:
+        raise ValueError(
+            f"{GPUS_PER_NUMA_ENV}={gpus_per_numa}: this machine refuses the NUMA binding "
+            f"({refused}); unset {GPUS_PER_NUMA_ENV} or allow the binding"
+        )
+
+
 def cluster_options(
     args: argparse.Namespace, cfg: FaultToleranceConfig, env: Mapping[str, str] = os.environ
 ) -> ClusterOptions:
@@ -59,9 +71,14 @@ def cluster_options(
     gpus_per_numa = None
     if env.get(GPUS_PER_NUMA_ENV):
         gpus_per_numa = parse_gpus_per_numa(env[GPUS_PER_NUMA_ENV])
+        _check_numactl(args, gpus_per_numa, cfg.numa_bind_strict)
     cycle_dir = cfg.cycle_info_dir
     if cycle_dir is not None and not os.path.isdir(cycle_dir):
         raise ValueError(f"argument --ft-cycle-info-dir: {cycle_dir!r} is not a directory")
+    if cycle_dir is not None and not os.access(cycle_dir, os.W_OK | os.X_OK):
+        raise ValueError(
+            f"argument --ft-cycle-info-dir: {cycle_dir!r} is not writable by this user"
+        )
     return ClusterOptions(
         health=HealthSettings(
             gpu=cfg.enable_gpu_monitor,

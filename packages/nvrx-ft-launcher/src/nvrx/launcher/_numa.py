@@ -8,25 +8,37 @@ uses node ``r // NVRX_GPUS_PER_NUMA``, through ``numactl --cpunodebind=N --membi
 we; without numactl the rank's CPUs are still bound (``sched_setaffinity``), its
 memory is not, and the journal says so.
 
-:func:`numa_plan` is the mapping, a pure function of the rank count, the variable and
+:func:`numa_plan` is the mapping, a pure function of the rank count, the variable,
 the machine's nodes (read by :func:`read_numa_nodes` from ``/sys/devices/system/node``,
-a fake tree in the tests). The plan reaches each rank through ``_numa_exec.py``, run
-in front of the rank's command with the plan and torch's ``${local_rank}``.
+or from ``$_NVRX_NUMA_NODE_ROOT``: for tests only, a fake tree) and the CPUs this
+launcher may use (``os.sched_getaffinity``: a container's cpuset can lack a node's
+CPUs; such a rank runs unbound and the plan's reason says so). The plan reaches each
+rank through ``_numa_exec.py``, run in front of the rank's command with the plan and
+torch's ``${local_rank}``. A binding the machine refuses never crashes a rank every
+cycle: numactl is tried once at start-up (:func:`numactl_refusal`; refused: exit 2),
+and a refused ``sched_setaffinity`` runs the rank unbound unless strict.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import pathlib
 import re
 import shutil
+import subprocess
 import sys
+from collections.abc import Mapping
 
 __all__: list[str] = []
 
+logger = logging.getLogger("nvrx.launcher")
+
 GPUS_PER_NUMA_ENV = "NVRX_GPUS_PER_NUMA"
 NODE_ROOT = "/sys/devices/system/node"
+#: For tests only: a fake node tree read instead of NODE_ROOT.
+NODE_ROOT_ENV = "_NVRX_NUMA_NODE_ROOT"
 NUMA_EXEC = str(pathlib.Path(__file__).with_name("_numa_exec.py"))
 
 
@@ -101,38 +113,97 @@ def numa_plan(
     *,
     strict: bool = True,
     numactl: bool = False,
+    allowed: frozenset[int] | None = None,
 ) -> NumaPlan:
     """Local rank r -> node ``r // gpus_per_numa`` when the machine has it.
 
     One NUMA node (or none known) means there is nothing to bind: every rank is
-    unbound and ``reason`` says why.
+    unbound and ``reason`` says why. ``allowed`` (the CPUs this process may run on)
+    trims each node's CPUs; a node left with none binds no rank.
     """
     unbound: dict[int, int | None] = dict.fromkeys(range(local_world_size))
     if len(nodes) <= 1:
         return NumaPlan(
             unbound, nodes, "none", strict, f"this machine has {len(nodes)} NUMA node(s) with CPUs"
         )
+    usable = nodes if allowed is None else {n: c & allowed for n, c in nodes.items()}
     plan: dict[int, int | None] = {}
     for rank in range(local_world_size):
         node = rank // gpus_per_numa
-        plan[rank] = node if node in nodes else None
+        plan[rank] = node if usable.get(node) else None
     method = "numactl" if numactl else "sched_setaffinity"
-    missing = sorted(r for r, n in plan.items() if n is None)
-    reason = None
+    reasons = []
+    missing = sorted(r for r in plan if r // gpus_per_numa not in nodes)
     if missing:
-        reason = f"local ranks {missing} map to NUMA nodes this machine lacks ({sorted(nodes)})"
-    return NumaPlan(plan, nodes, method, strict, reason)
+        reasons.append(
+            f"local ranks {missing} map to NUMA nodes this machine lacks ({sorted(nodes)})"
+        )
+    barred = sorted(r for r, n in plan.items() if n is None and r // gpus_per_numa in nodes)
+    if barred:
+        lacking = sorted({r // gpus_per_numa for r in barred})
+        reasons.append(
+            f"local ranks {barred} stay unbound: this process may not run on any CPU of "
+            f"NUMA node(s) {lacking} (allowed CPUs: {sorted(allowed or ())})"
+        )
+    usable_cpus = {n: c for n, c in usable.items() if c}
+    return NumaPlan(plan, usable_cpus, method, strict, "; ".join(reasons) or None)
 
 
-def machine_plan(local_world_size: int, gpus_per_numa: int, strict: bool) -> NumaPlan:
-    """The plan for this machine (numactl used when on PATH)."""
-    return numa_plan(
+def node_root(env: Mapping[str, str] = os.environ) -> str:
+    """Where the NUMA nodes are read: NODE_ROOT, or the tests' fake tree."""
+    return env.get(NODE_ROOT_ENV) or NODE_ROOT
+
+
+def machine_plan(
+    local_world_size: int | None, gpus_per_numa: int, strict: bool, *, log: bool = True
+) -> NumaPlan:
+    """The plan for this machine and this process's CPUs (numactl used when on PATH).
+
+    ``local_world_size`` None: enough ranks to use every node (the start-up check
+    before torch has resolved ``--nproc-per-node``).
+    """
+    nodes = read_numa_nodes(node_root())
+    if local_world_size is None:
+        local_world_size = (max(nodes, default=0) + 1) * gpus_per_numa
+    plan = numa_plan(
         local_world_size,
         gpus_per_numa,
-        read_numa_nodes(),
+        nodes,
         strict=strict,
         numactl=shutil.which("numactl") is not None,
+        allowed=frozenset(os.sched_getaffinity(0)),
     )
+    if log and plan.binds and plan.reason:
+        logger.warning("NUMA binding: %s", plan.reason)
+    return plan
+
+
+def numactl_args(node: int, strict: bool) -> list[str]:
+    """numactl's options for a rank on ``node`` (the one place they are spelled)."""
+    memory = f"--membind={node}" if strict else "--localalloc"
+    return ["numactl", f"--cpunodebind={node}", memory]
+
+
+def numactl_refusal(plan: NumaPlan, timeout: float = 30.0) -> str | None:
+    """Why numactl refuses one of the plan's bindings (``numactl <args> true``), or None.
+
+    Run once at start-up: a container without set_mempolicy, or a cpuset lacking a
+    node, would otherwise fail every rank of every cycle.
+    """
+    if plan.method != "numactl":
+        return None
+    for node in sorted({n for n in plan.nodes.values() if n is not None}):
+        argv = [*numactl_args(node, plan.strict), "true"]
+        try:
+            done = subprocess.run(
+                argv, capture_output=True, text=True, timeout=timeout, check=False
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return f"{' '.join(argv)}: {exc}"
+        if done.returncode != 0:
+            said = (done.stderr or done.stdout).strip().splitlines()
+            return f"{' '.join(argv)} exits {done.returncode}: {said[-1] if said else ''}"
+    return None
 
 
 def wrap_command(plan: NumaPlan, command: list[str]) -> list[str]:

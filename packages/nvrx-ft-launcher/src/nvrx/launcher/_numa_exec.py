@@ -4,7 +4,11 @@ Run as ``python -I -S _numa_exec.py PLAN LOCAL_RANK CMD [ARGS...]``, where PLAN 
 ``method;strict;rank=node:cpu,cpu;...`` (``NumaPlan.encode``). ``numactl``: exec
 ``numactl --cpunodebind=N --membind=N`` (or ``--localalloc``) with the command;
 ``sched_setaffinity``: set this process's CPUs (its children inherit them) and exec
-the command. A rank the plan leaves out runs unbound. Standard library only.
+the command. A rank the plan leaves out runs unbound; so does a rank whose
+``sched_setaffinity`` the machine refuses when the plan is not strict (one line on
+stderr says so; strict: the rank exits 1 with the reason). numactl was tried once
+at start-up by the launcher. Standard library only: the options are spelled here
+as in ``_numa.numactl_args`` (this file runs with ``-I -S``, before any import path).
 """
 
 from __future__ import annotations
@@ -26,8 +30,15 @@ def _main(argv: list[str]) -> None:
         if method == "numactl":
             memory = f"--membind={node}" if strict == "1" else "--localalloc"
             command = ["numactl", f"--cpunodebind={node}", memory, *command]
-        else:
+            break
+        try:
             os.sched_setaffinity(0, {int(cpu) for cpu in cpus.split(",")})
+        except OSError as exc:
+            said = f"NUMA binding of local rank {local_rank} to node {node} refused: {exc}"
+            if strict == "1":
+                sys.stderr.write(f"{said} (--ft-numa-bind-strict: the rank does not start)\n")
+                sys.exit(1)
+            sys.stderr.write(f"{said}; running unbound\n")
         break
     os.execvp(command[0], command)  # noqa: S606 - argv list, no shell
 
