@@ -4,13 +4,19 @@ With ``--ft-cycle-info-dir DIR`` the launcher of group rank 0 writes, for each c
 ``DIR/cycle_info.<job>.<attempt>.<cycle>`` (nvrx.ft's :class:`~nvrx.ft.CycleInfo`,
 written by :func:`~nvrx.ft.write_cycle_info`: one format, one writer, one reader) when
 the cycle starts (before its ranks are spawned) and again when it ends, and points the
-link ``DIR/cycle_info.<job>.current`` at it. Every rank gets that link's path in
-``NVRX_CURRENT_CYCLE_INFO`` (NVRx's names and layout).
+link ``DIR/cycle_info.<job>.current`` at it (for tools outside the job).
+
+Every rank gets its own cycle's file path in ``NVRX_CURRENT_CYCLE_INFO``, set by its
+node's launcher just before the spawn: the name is known on every node, while the
+link is moved by group rank 0 alone, just before its own spawn, so a rank on another
+node reading the link could read the previous cycle. Through its cycle's path a rank
+reads that cycle or, for the moment before group rank 0 has written it, nothing.
 
 :class:`CycleInfoSink` is fed the journal's records (the agent's journal observer), so
 the file says what the journal says: the start from ``cycle_start``, failed ranks'
-exit codes from ``rank_failed``, the cause of the next cycle from its ``decision``,
-the end from ``workers_stopped``, ``all_nodes_finished`` or ``finished``.
+exit codes from ``rank_failed`` (a signal as its negative number), the cause of the
+next cycle from its ``decision``, the end from ``workers_stopped``,
+``all_nodes_finished`` or ``finished``.
 """
 
 from __future__ import annotations
@@ -19,17 +25,36 @@ import contextlib
 import logging
 import os
 import re
-from collections.abc import Callable, Mapping
+import signal
+from collections.abc import Callable, Mapping, MutableMapping
 from typing import Any
 
 from nvrx.ft import CYCLE_INFO_ENV, CycleGoodput, CycleInfo, CycleNode, write_cycle_info
+
+from ._events import (
+    AllNodesFinished,
+    CycleStarted,
+    DecisionTaken,
+    Finished,
+    RankFailed,
+    WorkersStopped,
+)
 
 __all__: list[str] = []
 
 logger = logging.getLogger("nvrx.launcher")
 
-#: The journal event the agent writes just before it spawns a cycle's ranks.
-CYCLE_START = "cycle_start"
+
+def signal_exit_code(name: object) -> int | None:
+    """``rank_failed``'s ``signal`` (``SIGKILL``, or a number) as an exit code: ``-signum``."""
+    if not isinstance(name, str):
+        return None
+    if name.isdigit():
+        return -int(name)
+    try:
+        return -int(signal.Signals[name])
+    except KeyError:
+        return None
 
 
 def cycle_info_job_id(given: str | None, env: Mapping[str, str]) -> str:
@@ -76,6 +101,7 @@ class CycleInfoSink:
         #: This node's global ranks in the cycle (finished ranks exit 0).
         self._node_ranks: list[int] = []
         self._warned = False
+        self._environ: MutableMapping[str, str] | None = None
 
     @property
     def current_link(self) -> str:
@@ -85,34 +111,45 @@ class CycleInfoSink:
     def path(self, cycle: int) -> str:
         return os.path.join(self.directory, f"cycle_info.{self._file_job}.{self.attempt}.{cycle}")
 
-    def export(self, environ: dict[str, str] | os._Environ[str]) -> None:
-        """Give the ranks (which inherit ``environ``) the current file's path."""
+    def export(self, environ: MutableMapping[str, str]) -> None:
+        """Give the ranks (which inherit ``environ``) their cycle's file path.
+
+        Until the first ``cycle_start`` that is the link; from then on each cycle's own
+        file (set before the spawn, on every node).
+        """
+        self._environ = environ
         environ[CYCLE_INFO_ENV] = self.current_link
 
     def feed(self, record: dict[str, Any]) -> None:
         """One journal record; writes the file when the record starts or ends a cycle."""
         kind = record.get("event")
-        if kind == CYCLE_START:
+        if kind == CycleStarted.EVENT:
             self._start(record)
-        elif kind == "rank_failed" and isinstance(record.get("exit_code"), int):
-            self._exit_codes[int(record["rank"])] = int(record["exit_code"])
-        elif kind == "decision" and record.get("action") == "restart":
+        elif kind == RankFailed.EVENT:
+            code = record.get("exit_code")
+            if not isinstance(code, int) or isinstance(code, bool):
+                code = signal_exit_code(record.get("signal"))
+            if code is not None:
+                self._exit_codes[int(record["rank"])] = code
+        elif kind == DecisionTaken.EVENT and record.get("action") == "restart":
             self._next_cause = str(record.get("reason") or "restart")[:4096]
-        elif kind == "workers_stopped":
+        elif kind == WorkersStopped.EVENT:
             self._end(float(record.get("workers_stopped") or record["t"]), {})
-        elif kind == "all_nodes_finished":
+        elif kind == AllNodesFinished.EVENT:
             self._end(float(record["t"]), dict.fromkeys(self._node_ranks, 0))
-        elif kind == "finished":
+        elif kind == Finished.EVENT:
             self._end(float(record["t"]), {})
 
     # -- the writes -----------------------------------------------------------------
 
     def _start(self, record: dict[str, Any]) -> None:
         self._node_ranks = sorted(int(r) for r in record.get("local_ranks", {}).values())
+        cycle = int(record["cycle"])
+        if self._environ is not None:
+            self._environ[CYCLE_INFO_ENV] = self.path(cycle)  # the ranks spawned next
         if record.get("group_rank") != 0:
             self._info = None  # another node writes the job's file
             return
-        cycle = int(record["cycle"])
         ranks = tuple(range(int(record["world_size"])))
         nodes = tuple(
             CycleNode(node_id=str(n["node_id"]), group_rank=int(n["group_rank"]))
