@@ -4,7 +4,8 @@ With ``--nnodes=2:3 --ft-standby-nodes`` two nodes run the job (real gloo DDP ra
 checkpoint) and the third waits with no ranks. One active node is SIGKILLed: its ranks
 die with it, the survivor's ranks fail, and at the restart the standby takes the killed
 node's place and group rank; training resumes from the checkpoint with the same world
-size and every step runs once. The survivor journals ``node_replaced``. Nothing is left
+size and every step runs once. The survivor journals ``node_replaced``. The same with
+``--warm-spares`` (process-level spares on the active nodes at the same time). Nothing is left
 behind (the ``launch`` fixture fails the test otherwise).
 """
 
@@ -48,8 +49,9 @@ def _store_up(port: int, timeout: float = 120.0) -> None:
     raise AssertionError(f"no rendezvous store on port {port} after {timeout:.0f} s")
 
 
+@pytest.mark.parametrize("spares", [[], ["--warm-spares"]], ids=["cold", "warm-spares"])
 def test_a_standby_replaces_a_killed_node_and_training_goes_on(
-    launch: Launch, tmp_path: pathlib.Path, out_dir: pathlib.Path
+    launch: Launch, tmp_path: pathlib.Path, out_dir: pathlib.Path, spares: list[str]
 ) -> None:
     port = free_port()
     rdzv = [
@@ -62,6 +64,7 @@ def test_a_standby_replaces_a_killed_node_and_training_goes_on(
         "--rdzv-conf=last_call_timeout=1,join_timeout=120,keep_alive_interval=1,"
         "keep_alive_max_attempt=3",
         "--max-restarts=1",
+        *spares,
     ]
     runs: list[LauncherRun] = []
     for i in range(3):
@@ -83,7 +86,9 @@ def test_a_standby_replaces_a_killed_node_and_training_goes_on(
         return [i for i in range(3) if _events(journals[i], "workers_started")]
 
     wait_for(lambda: len(active()) == 2, 120, "two nodes started ranks")
-    wait_for(lambda: runs[0].steps_done(rank=0) >= 4, 120, "training ran 4 steps")
+    # With spares, later: the survivor's spare should have imported torch by the restart.
+    before_kill = 10 if spares else 4
+    wait_for(lambda: runs[0].steps_done(rank=0) >= before_kill, 120, "training ran some steps")
     assert 0 in active(), "the store's host (started first) should be an active node"
     (victim,) = [i for i in active() if i != 0]
     (standby,) = [i for i in range(3) if i not in active()]
@@ -116,3 +121,5 @@ def test_a_standby_replaces_a_killed_node_and_training_goes_on(
     worlds = {e["attempt"]: e["world"] for e in journal if e["event"] == "start"}
     assert worlds == {0: 2, 1: 2}
     assert_every_step_once(journal, STEPS, ranks=(0, 1))
+    if spares:  # the survivor's restarted rank came from its warm spare
+        assert _events(journals[0], "workers_started")[1]["warm_local_ranks"] == [0]
