@@ -12,7 +12,9 @@ Nothing is left behind (the ``launch`` fixture fails the test otherwise).
 from __future__ import annotations
 
 import json
+import os
 import pathlib
+import re
 import signal
 import socket
 import time
@@ -25,6 +27,7 @@ from itest_harness import HERE, free_port
 from nvrx.ft import read_cycle_info
 
 CYCLE_RANK = HERE / "scripts" / "cycle_rank.py"
+AFFINITY_RANK = HERE / "scripts" / "affinity_rank.py"
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(300)]
 
@@ -96,6 +99,18 @@ def test_group_ranks_follow_slurm_procid(
         assert started["ranks"] == {"0": procid}
     said = sorted((r["group_rank"], r["rank"]) for r in _jsonl(out_dir / "ranks.jsonl"))
     assert said == [(0, 0), (1, 1), (2, 2)]
+    # The rendezvous numbered the nodes otherwise (each says so when they differ), so
+    # the group ranks above came from the alignment, not from torch's order.
+    torch_order = []
+    for i, procid in enumerate(procids):
+        told = re.findall(
+            rf"group rank {procid} \(from SLURM_PROCID; the rendezvous numbered this node "
+            r"(\d+)\)",
+            runs[i].log(),
+        )
+        torch_order.append(int(told[0]) if told else procid)
+    assert sorted(torch_order) == [0, 1, 2]
+    assert torch_order != procids, "the rendezvous order matched SLURM_PROCID: nothing aligned"
 
 
 def test_an_unhealthy_node_never_joins_and_the_job_goes_on(
@@ -200,9 +215,12 @@ def test_cycle_info_matches_the_journal_and_logs_survive_sigterm(
     assert node.node_id == starts[1]["node"]
     assert second.log_file == str(prefix.parent / "job_cycle1_rank0_stdout.log")
 
-    # Each rank read its own cycle's file through NVRX_CURRENT_CYCLE_INFO.
+    # Each rank read its own cycle's file through NVRX_CURRENT_CYCLE_INFO: the path of
+    # that cycle's file (the .current link is for tools outside the job).
     said = _jsonl(out_dir / "ranks.jsonl")
-    assert {r["cycle_info_env"] for r in said} == {str(cycles / "cycle_info.job42.current")}
+    assert sorted((r["cycle"], r["cycle_info_env"]) for r in said) == [
+        (c, str(cycles / f"cycle_info.job42.0.{c}")) for c in (0, 0, 1, 1)
+    ]
     assert sorted((r["cycle"], r["cycle_info_cycle"]) for r in said) == [
         (0, 0),
         (0, 0),
@@ -266,13 +284,69 @@ def test_a_node_that_turns_unhealthy_leaves_at_the_restart_and_the_others_go_on(
     assert sorted(r["rank"] for r in second) == [0, 1]
 
 
-def test_numa_binding_and_the_gpu_memory_wait_on_a_restart(
-    launch: Launch, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from nvrx.launcher._numa import numa_plan, read_numa_nodes
+def _without_numactl(path: str) -> str:
+    """PATH less any directory holding numactl (the test binds through sched_setaffinity)."""
+    return os.pathsep.join(
+        d for d in path.split(os.pathsep) if d and not os.path.exists(os.path.join(d, "numactl"))
+    )
 
+
+def test_numa_binding_and_the_gpu_memory_wait_on_a_restart(
+    launch: Launch, tmp_path: pathlib.Path, out_dir: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    allowed = sorted(os.sched_getaffinity(0))
+    if len(allowed) < 2:
+        pytest.skip("needs two CPUs to tell two NUMA nodes apart")
+    # Two fake NUMA nodes over this machine's CPUs (a third node outside them); GPU r
+    # shares node r: local rank 0 on node 0's CPU, local rank 1 on node 1's.
+    nodes = tmp_path / "numa"
+    cpulists = {0: str(allowed[0]), 1: ",".join(map(str, allowed[1:]))}
+    for node, cpulist in cpulists.items():
+        (nodes / f"node{node}").mkdir(parents=True)
+        (nodes / f"node{node}" / "cpulist").write_text(cpulist + "\n")
     journal = tmp_path / "journal.jsonl"
     monkeypatch.setenv("NVRX_GPUS_PER_NUMA", "1")
+    monkeypatch.setenv("_NVRX_NUMA_NODE_ROOT", str(nodes))
+    monkeypatch.setenv("PATH", _without_numactl(os.environ.get("PATH", "")))
+    run = launch(
+        ["--seconds", "0.5", "--fail-rank", "0", "--fail-cycle", "0", "--fail-after", "1"],
+        ["--max-restarts=1", f"--ft-journal={journal}"],
+        script=AFFINITY_RANK,
+        nproc=2,
+    )
+    monkeypatch.delenv("NVRX_GPUS_PER_NUMA")
+    monkeypatch.delenv("_NVRX_NUMA_NODE_ROOT")
+    run.expect_exit(0, 120)
+    bindings = _events(journal, "numa_binding")
+    assert [b["cycle"] for b in bindings] == [0, 1]
+    for binding in bindings:
+        assert (binding["method"], binding["nodes"]) == ("sched_setaffinity", {"0": 0, "1": 1})
+    # What each rank of each cycle could run on, read by the rank itself.
+    seen = sorted(
+        (r["cycle"], r["local_rank"], tuple(r["cpus"])) for r in _jsonl(out_dir / "affinity.jsonl")
+    )
+    assert seen == [
+        (0, 0, (allowed[0],)),
+        (0, 1, tuple(allowed[1:])),
+        (1, 0, (allowed[0],)),
+        (1, 1, tuple(allowed[1:])),
+    ]
+    from nvrx.launcher._gpu_memory import nvml_reader
+
+    if nvml_reader()[0] is None:  # no NVML (a CPU machine): the memory wait says so once
+        assert run.log().count("GPU memory reclaim wait skipped") == 1
+        assert _events(journal, "gpu_memory_reclaim") == []
+
+
+def test_numa_on_one_node_binds_nothing_and_says_so_once(
+    launch: Launch, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    nodes = tmp_path / "numa"
+    (nodes / "node0").mkdir(parents=True)
+    (nodes / "node0" / "cpulist").write_text(f"{min(os.sched_getaffinity(0))}\n")
+    journal = tmp_path / "journal.jsonl"
+    monkeypatch.setenv("NVRX_GPUS_PER_NUMA", "1")
+    monkeypatch.setenv("_NVRX_NUMA_NODE_ROOT", str(nodes))
     run = launch(
         ["--seconds", "0.5", "--fail-rank", "0", "--fail-cycle", "0", "--fail-after", "1"],
         ["--max-restarts=1", f"--ft-journal={journal}"],
@@ -280,18 +354,9 @@ def test_numa_binding_and_the_gpu_memory_wait_on_a_restart(
         nproc=2,
     )
     monkeypatch.delenv("NVRX_GPUS_PER_NUMA")
+    monkeypatch.delenv("_NVRX_NUMA_NODE_ROOT")
     run.expect_exit(0, 120)
-    expected = numa_plan(2, 1, read_numa_nodes(), numactl=False)
     bindings = _events(journal, "numa_binding")
-    assert [b["cycle"] for b in bindings] == [0, 1]
-    for binding in bindings:
-        assert binding["nodes"] == {str(r): n for r, n in expected.nodes.items()}
-        if not expected.binds:
-            assert (binding["method"], binding["reason"]) == ("none", expected.reason)
-    if not expected.binds:  # a one-node machine (this one): said once
-        assert run.log().count("NUMA binding: nothing to bind") == 1
-    from nvrx.launcher._gpu_memory import nvml_reader
-
-    if nvml_reader()[0] is None:  # no NVML (a CPU machine): the memory wait says so once
-        assert run.log().count("GPU memory reclaim wait skipped") == 1
-        assert _events(journal, "gpu_memory_reclaim") == []
+    assert [(b["cycle"], b["method"]) for b in bindings] == [(0, "none"), (1, "none")]
+    assert bindings[0]["nodes"] == {"0": None, "1": None}
+    assert run.log().count("NUMA binding: nothing to bind") == 1
