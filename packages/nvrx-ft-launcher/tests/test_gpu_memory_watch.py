@@ -179,3 +179,24 @@ def test_an_opener_that_fails_turns_the_wait_off(caplog: pytest.LogCaptureFixtur
         assert watch.before_start(restart=True) is None
     assert opened == [1]
     assert sum("skipped" in r.getMessage() for r in caplog.records) == 1
+
+
+@pytest.mark.gpu
+def test_nvml_reader_follows_cuda_visible_devices_by_uuid() -> None:
+    import pynvml
+
+    read, why = nvml_reader({})
+    assert read is not None, why
+    everything = set(read().used_mb)
+    pynvml.nvmlInit()
+    try:
+        uuid = pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(0))
+    finally:
+        pynvml.nvmlShutdown()
+    text = uuid.decode() if isinstance(uuid, bytes) else str(uuid)
+    one, why = nvml_reader({"CUDA_VISIBLE_DEVICES": text})
+    assert one is not None, why
+    assert set(one().used_mb) == {0} <= everything
+    none, why = nvml_reader({"CUDA_VISIBLE_DEVICES": ""})
+    assert none is None
+    assert "CUDA_VISIBLE_DEVICES" in why

@@ -93,7 +93,7 @@ def _fake_numactl(bin_dir: pathlib.Path, code: int) -> None:
         f'echo "$@" >> {bin_dir}/calls\n'
         f"[ {code} -eq 0 ] || "
         f'{{ echo "set_mempolicy: Operation not permitted" >&2; exit {code}; }}\n'
-        'while [ "$#" -gt 1 ]; do shift; done; exec "$1"\n'
+        'while [ "${1#--}" != "$1" ]; do shift; done; exec "$@"\n'
     )
     script.chmod(0o755)
 
@@ -125,3 +125,17 @@ def test_numactl_is_tried_once_per_node_at_start_up(
         assert "Operation not permitted" in str(caught.value)
     calls = (tmp_path / "bin" / "calls").read_text().splitlines()
     assert calls[0] == "--cpunodebind=0 --membind=0 true"
+
+
+def test_a_rank_runs_through_numactl_with_the_checked_options(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _fake_numactl(tmp_path / "bin", 0)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    plan = NumaPlan({0: 1}, {1: frozenset({0})}, "numactl", strict=False)
+    assert numactl_refusal(plan) is None
+    done = _run_rank(plan, 0)
+    assert done.returncode == 0, done.stderr
+    calls = (tmp_path / "bin" / "calls").read_text().splitlines()
+    assert calls[0] == "--cpunodebind=1 --localalloc true"  # the start-up check
+    assert calls[1].startswith(f"--cpunodebind=1 --localalloc {sys.executable} -c ")

@@ -31,6 +31,8 @@ import subprocess
 import sys
 from collections.abc import Mapping
 
+from ._numa_exec import numactl_args
+
 __all__: list[str] = []
 
 logger = logging.getLogger("nvrx.launcher")
@@ -176,12 +178,6 @@ def machine_plan(
     if log and plan.binds and plan.reason:
         logger.warning("NUMA binding: %s", plan.reason)
     return plan
-
-
-def numactl_args(node: int, strict: bool) -> list[str]:
-    """numactl's options for a rank on ``node`` (the one place they are spelled)."""
-    memory = f"--membind={node}" if strict else "--localalloc"
-    return ["numactl", f"--cpunodebind={node}", memory]
 
 
 def numactl_refusal(plan: NumaPlan, timeout: float = 30.0) -> str | None:

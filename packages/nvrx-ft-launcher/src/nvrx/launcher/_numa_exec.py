@@ -7,8 +7,8 @@ Run as ``python -I -S _numa_exec.py PLAN LOCAL_RANK CMD [ARGS...]``, where PLAN 
 the command. A rank the plan leaves out runs unbound; so does a rank whose
 ``sched_setaffinity`` the machine refuses when the plan is not strict (one line on
 stderr says so; strict: the rank exits 1 with the reason). numactl was tried once
-at start-up by the launcher. Standard library only: the options are spelled here
-as in ``_numa.numactl_args`` (this file runs with ``-I -S``, before any import path).
+at start-up by the launcher with :func:`numactl_args` (defined here, used there).
+Standard library only: this file runs with ``-I -S``, before any import path.
 """
 
 from __future__ import annotations
@@ -17,6 +17,12 @@ import os
 import sys
 
 __all__: list[str] = []
+
+
+def numactl_args(node: int | str, strict: bool) -> list[str]:
+    """numactl's options for a rank on ``node`` (the one place they are spelled)."""
+    memory = f"--membind={node}" if strict else "--localalloc"
+    return ["numactl", f"--cpunodebind={node}", memory]
 
 
 def _main(argv: list[str]) -> None:
@@ -28,8 +34,7 @@ def _main(argv: list[str]) -> None:
             continue
         node, _, cpus = rest.partition(":")
         if method == "numactl":
-            memory = f"--membind={node}" if strict == "1" else "--localalloc"
-            command = ["numactl", f"--cpunodebind={node}", memory, *command]
+            command = [*numactl_args(node, strict == "1"), *command]
             break
         try:
             os.sched_setaffinity(0, {int(cpu) for cpu in cpus.split(",")})
