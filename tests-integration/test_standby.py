@@ -7,6 +7,9 @@ node's place and group rank; training resumes from the checkpoint with the same 
 size and every step runs once. The survivor journals ``node_replaced``. The same with
 ``--warm-spares`` (process-level spares on the active nodes at the same time). Nothing is left
 behind (the ``launch`` fixture fails the test otherwise).
+
+A node whose health check fails at the restart leaves (exit 3) and the standby takes
+its place the same way.
 """
 
 from __future__ import annotations
@@ -49,12 +52,8 @@ def _store_up(port: int, timeout: float = 120.0) -> None:
     raise AssertionError(f"no rendezvous store on port {port} after {timeout:.0f} s")
 
 
-@pytest.mark.parametrize("spares", [[], ["--warm-spares"]], ids=["cold", "warm-spares"])
-def test_a_standby_replaces_a_killed_node_and_training_goes_on(
-    launch: Launch, tmp_path: pathlib.Path, out_dir: pathlib.Path, spares: list[str]
-) -> None:
-    port = free_port()
-    rdzv = [
+def _rdzv(port: int) -> list[str]:
+    return [
         "--nnodes=2:3",
         "--ft-standby-nodes",
         "--rdzv-backend=c10d",
@@ -64,8 +63,15 @@ def test_a_standby_replaces_a_killed_node_and_training_goes_on(
         "--rdzv-conf=last_call_timeout=1,join_timeout=120,keep_alive_interval=1,"
         "keep_alive_max_attempt=3",
         "--max-restarts=1",
-        *spares,
     ]
+
+
+@pytest.mark.parametrize("spares", [[], ["--warm-spares"]], ids=["cold", "warm-spares"])
+def test_a_standby_replaces_a_killed_node_and_training_goes_on(
+    launch: Launch, tmp_path: pathlib.Path, out_dir: pathlib.Path, spares: list[str]
+) -> None:
+    port = free_port()
+    rdzv = [*_rdzv(port), *spares]
     runs: list[LauncherRun] = []
     for i in range(3):
         runs.append(
@@ -123,3 +129,54 @@ def test_a_standby_replaces_a_killed_node_and_training_goes_on(
     assert_every_step_once(journal, STEPS, ranks=(0, 1))
     if spares:  # the survivor's restarted rank came from its warm spare
         assert _events(journals[0], "workers_started")[1]["warm_local_ranks"] == [0]
+
+
+def test_a_standby_replaces_a_node_unhealthy_at_the_restart(
+    launch: Launch, tmp_path: pathlib.Path, out_dir: pathlib.Path
+) -> None:
+    port = free_port()
+    flags = [tmp_path / f"unhealthy-{i}" for i in range(3)]
+    runs: list[LauncherRun] = []
+    for i in range(3):
+        # Nodes 1 and 2 check a flag file before each rendezvous; the test raises the
+        # active one's flag during cycle 0. Node 0 hosts the store and stays.
+        check = [f"--ft-node-health-check-cmd=test ! -e {flags[i]}"] if i else []
+        runs.append(
+            launch(
+                [f"--steps={STEPS}", "--step-time=0.2", "--fault=exit:0:12:0"],
+                [*_rdzv(port), *check, f"--ft-journal={tmp_path / f'j{i}.jsonl'}"],
+                script=DDP_STEPS,
+                name=f"node{i}",
+                nproc=1,
+                standalone=False,
+            )
+        )
+        if i == 0:
+            _store_up(port)
+    journals = [tmp_path / f"j{i}.jsonl" for i in range(3)]
+
+    def active() -> list[int]:
+        return [i for i in range(3) if _events(journals[i], "workers_started")]
+
+    wait_for(lambda: len(active()) == 2, 120, "two nodes started ranks")
+    assert 0 in active(), "the store's host (started first) should be an active node"
+    (sick,) = [i for i in active() if i != 0]
+    (standby,) = [i for i in range(3) if i not in active()]
+    flags[sick].write_text("")
+    sick_rank = _events(journals[sick], "workers_started")[0]["group_rank"]
+    sick_node = _jsonl(journals[sick])[0]["node"]
+
+    runs[sick].expect_exit(3, 120)
+    runs[0].expect_exit(0, 180)
+    runs[standby].expect_exit(0, 60)
+    (unhealthy,) = _events(journals[sick], "node_unhealthy")
+    assert unhealthy["cycle"] == 1
+    assert unhealthy["failures"][0]["check"] == "command"
+    (started,) = _events(journals[standby], "workers_started")
+    assert (started["cycle"], started["group_rank"]) == (1, sick_rank)
+    (replaced,) = _events(journals[0], "node_replaced")
+    assert (replaced["replaced_node"], replaced["by_node"]) == (sick_node, started["node"])
+    journal = runs[0].journal()
+    worlds = {e["attempt"]: e["world"] for e in journal if e["event"] == "start"}
+    assert worlds == {0: 2, 1: 2}
+    assert_every_step_once(journal, STEPS, ranks=(0, 1))
