@@ -22,6 +22,11 @@ from nvrx.launcher.cli import get_parser, main
         (["--ft-cycle-info-job-id", "a\nb"], {}, "--ft-cycle-info-job-id"),
         (["--ft-cycle-info-dir", "/no/such/cycles"], {}, "/no/such/cycles"),
         (["--ft-use-infra-group-rank=maybe"], {}, "maybe"),
+        (
+            ["--ft-standby-nodes", "--nnodes=1:2", "--rdzv-backend=etcd", "--rdzv-endpoint=h:1"],
+            {},
+            "--ft-standby-nodes: needs --rdzv-backend c10d or etcd-v2",
+        ),
         ([], {"NVRX_GPUS_PER_NUMA": "two"}, "NVRX_GPUS_PER_NUMA='two'"),
         ([], {"PET_FT_NODE_HEALTH_CHECK_CMD": "/no/such/check"}, "PET_FT_NODE_HEALTH_CHECK_CMD"),
     ],
@@ -53,6 +58,7 @@ def test_the_options_and_their_pet_variables_parse(
             "true --verbose",
             f"--ft_per_cycle_applog_prefix={prefix}",
             "--ft-use-infra-group-rank=True",
+            "--ft-standby-nodes",
             "train.py",
         ]
     )
@@ -60,4 +66,6 @@ def test_the_options_and_their_pet_variables_parse(
     assert args.ft_per_cycle_applog_prefix == prefix
     assert args.ft_cycle_info_job_id == "job-7"
     assert args.ft_use_infra_group_rank is True
+    assert args.ft_standby_nodes is True
+    assert parser.parse_args(["train.py"]).ft_standby_nodes is False
     assert os.path.isdir(tmp_path)

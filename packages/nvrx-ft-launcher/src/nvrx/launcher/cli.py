@@ -463,10 +463,7 @@ def _add_cluster_options(parser: argparse.ArgumentParser) -> None:
         "--ft-standby-nodes",
         "--ft_standby_nodes",
         dest="ft_standby_nodes",
-        type=_flag_value,
-        nargs="?",
-        const=True,
-        default=False,
+        action="store_true",
         help="with --nnodes=MIN:MAX, the first MIN nodes to join run the job and the "
         "others wait as standbys (no ranks); at the next restart a standby takes the "
         "place and group rank of a node that left (failed, excluded or unhealthy), and "
@@ -663,6 +660,8 @@ def _cluster_settings(
         cluster = cluster_options(args, cfg)
     except ValueError as exc:
         parser.error(str(exc))
+    if cluster.standby_nodes:
+        _check_standby(config, parser)
     if args.ft_use_infra_group_rank is False:
         logger.warning(
             "--ft-use-infra-group-rank false has no effect: group ranks always follow "
@@ -681,6 +680,21 @@ def _cluster_settings(
             local_ranks_filter={int(r) for r in filtered.split(",")} if filtered else None,
         )
     return cluster
+
+
+def _check_standby(config: LaunchConfig, parser: argparse.ArgumentParser) -> None:
+    """Standby nodes wait in the dynamic rendezvous' redundancy list: refuse the others."""
+    if config.rdzv_backend not in ("c10d", "etcd-v2"):
+        parser.error(
+            f"argument --ft-standby-nodes: needs --rdzv-backend c10d or etcd-v2 (the "
+            f"dynamic rendezvous), not {config.rdzv_backend!r}"
+        )
+    if config.min_nodes == config.max_nodes:
+        logger.warning(
+            "--ft-standby-nodes with --nnodes=%d has no standby places; give "
+            "--nnodes=MIN:MAX (MIN nodes run the job, up to MAX-MIN wait)",
+            config.min_nodes,
+        )
 
 
 def _progress_rule_from_config(args: argparse.Namespace, cfg: FaultToleranceConfig) -> None:
