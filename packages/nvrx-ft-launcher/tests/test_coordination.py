@@ -10,6 +10,7 @@ import datetime
 import json
 import os
 import pathlib
+import select
 import threading
 import time
 
@@ -454,3 +455,26 @@ def test_the_watcher_ends_with_close_and_a_forged_value_is_not_taken() -> None:
     assert len(_watchers()) == before + 1
     coord.close()
     assert len(_watchers()) == before
+
+
+@pytest.mark.timeout(60)
+def test_the_watcher_wakes_a_select_when_the_decision_comes() -> None:
+    server = TCPStore(
+        "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(10)
+    )
+    coord = JobCoordinator(server, "job", "a")
+    try:
+        fd = coord.fileno()
+        assert fd is not None
+        assert coord.decided(0) is None
+        assert select.select([fd], [], [], 0.3)[0] == []  # nothing yet: select sleeps
+        won = JobCoordinator(server, "job", "b").decide(0, _restart("b"))  # type: ignore[arg-type]
+        assert select.select([fd], [], [], 10.0)[0] == [fd]
+        assert coord.decided(0) == won
+        # Read: quiet again, so a select loop does not spin.
+        assert select.select([fd], [], [], 0.2)[0] == []
+        assert coord.decided(1) is None
+        assert select.select([fd], [], [], 0.2)[0] == []
+    finally:
+        coord.close()
+    assert JobCoordinator(EtcdLikeStore(), "job", "a").fileno() is None
