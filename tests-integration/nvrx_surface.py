@@ -957,8 +957,9 @@ FLAGS: tuple[Flag, ...] = (
         Status.DIFFERENT,
         "off",
         "cycle_info.<job>.<attempt>.<cycle> and the cycle_info.<job>.current link, written "
-        "by group rank 0 at each cycle's start and end; ranks get NVRX_CURRENT_CYCLE_INFO; "
-        "the content differs (see cycle_info_dir)",
+        "by group rank 0 at each cycle's start and end; NVRX_CURRENT_CYCLE_INFO gives ranks "
+        "their cycle's own file, not the link (only group rank 0 moves it); the content "
+        "differs (see cycle_info_dir)",
         "1234",
     ),
     Flag(
