@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pathlib
+import signal
 import sys
+import time
 import types
 from typing import Any
 
@@ -148,6 +151,52 @@ def test_user_command_timeout_and_missing_program() -> None:
     assert "did not finish within 0.5 s" in slow.reason
     (missing,) = check_command("/nonexistent/health-check --all")
     assert "could not start" in missing.reason
+
+
+def _gone(pid: int) -> bool:
+    """True once ``pid`` no longer runs (absent, or a zombie waiting for init)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def _wait_gone(pid: int, timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not _gone(pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("ending", ["exit 0", "exit 3", "sleep 30"])
+def test_user_command_leaves_nothing_behind_and_its_child_does_not_hold_it(
+    ending: str, tmp_path: pathlib.Path
+) -> None:
+    # A check that starts a background child and exits 0 is healthy at once (the child
+    # keeps the output open: reading a pipe to its end would wait for it), and whatever
+    # the command leaves running is killed, whether it passed, failed or timed out.
+    pid_file = tmp_path / "child.pid"
+    command = f"sh -c 'sleep 60 & echo $! > {pid_file}; echo checked; {ending}'"
+    started = time.monotonic()
+    failures = check_command(command, timeout=1.0)
+    took = time.monotonic() - started
+    child = int(pid_file.read_text())
+    try:
+        assert _wait_gone(child), f"the command's child {child} outlived the check"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child, signal.SIGKILL)
+    if ending == "exit 0":
+        assert failures == []
+        assert took < 1.0
+    elif ending == "exit 3":
+        assert [f.reason for f in failures] == [f"{command!r} exited 3: checked"]
+    else:
+        assert [f.reason for f in failures] == [f"{command!r} did not finish within 1 s"]
 
 
 class _FakeNvml(types.SimpleNamespace):

@@ -30,8 +30,11 @@ import glob
 import logging
 import os
 import shlex
+import signal
 import subprocess
+import tempfile
 import threading
+import time
 import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -267,27 +270,57 @@ def check_storage(paths: Sequence[str], timeout: float = STORAGE_TIMEOUT_S) -> l
 
 
 def check_command(command: str, timeout: float = COMMAND_TIMEOUT_S) -> list[HealthFailure]:
-    """Run ``command`` (split like a shell would, not run by one); non-zero is a failure."""
+    """Run ``command`` (split like a shell would, not run by one); non-zero is a failure.
+
+    It runs in a session of its own, and whatever it leaves behind in that session
+    (a background child) is killed when it ends or times out: nothing outlives the check,
+    and a child still holding its output cannot make a healthy node look hung.
+    """
     argv = shlex.split(command)
-    try:
-        done = subprocess.run(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            timeout=timeout,
-            check=False,
-            start_new_session=True,
-        )
-    except subprocess.TimeoutExpired:
-        return [HealthFailure("command", f"{command!r} did not finish within {timeout:g} s")]
-    except OSError as exc:
-        return [HealthFailure("command", f"{command!r} could not start: {exc}")]
-    if done.returncode == 0:
-        return []
-    lines = done.stdout.decode(errors="replace").strip().splitlines()
+    with tempfile.TemporaryFile() as output:
+        try:
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=output,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            return [HealthFailure("command", f"{command!r} could not start: {exc}")]
+        try:
+            code = _wait_unreaped(proc.pid, timeout)
+        finally:
+            # The group is killed while its leader is unreaped, so its id cannot be reused.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        if code is None:
+            return [HealthFailure("command", f"{command!r} did not finish within {timeout:g} s")]
+        if code == 0:
+            return []
+        output.seek(0, os.SEEK_END)
+        output.seek(max(output.tell() - 4096, 0))
+        lines = output.read().decode(errors="replace").strip().splitlines()
     said = f": {_short(lines[-1])}" if lines else ""
-    return [HealthFailure("command", f"{command!r} exited {done.returncode}{said}")]
+    return [HealthFailure("command", f"{command!r} exited {code}{said}")]
+
+
+def _wait_unreaped(pid: int, timeout: float) -> int | None:
+    """Wait up to ``timeout`` for ``pid`` to exit, leaving it a zombie; its exit code."""
+    deadline = time.monotonic() + timeout
+    delay = 0.001
+    while True:
+        info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        if info is not None:
+            if info.si_code == os.CLD_EXITED:
+                return info.si_status
+            return -info.si_status  # killed by that signal
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return None
+        time.sleep(min(delay, left))
+        delay = min(delay * 2, 0.05)
 
 
 # --- all of them -------------------------------------------------------------------
