@@ -130,3 +130,16 @@ def test_term_timeout_falls_back_to_torchruns_shutdown_timeout() -> None:
     assert _term_timeout(parse(["x.py"])) == 1800.0
     assert _term_timeout(parse(["--shutdown-timeout", "40", "x.py"])) == 40.0
     assert _term_timeout(parse(["--shutdown-timeout", "40", "--term-timeout", "5", "x.py"])) == 5.0
+
+
+def test_defaults_of_the_monitor_wait_and_the_spare_preload() -> None:
+    from nvrx.ft import RANK_MONITOR_INIT_TIMEOUT
+    from nvrx.launcher._spares import DEFAULT_PRELOAD
+    from nvrx.launcher.cli import _options
+
+    parser = get_parser()
+    options = _options(parser.parse_args(["--standalone", "x.py"]), parser)
+    assert options.warm_spare_preload == DEFAULT_PRELOAD
+    assert options.monitor_ready_timeout == RANK_MONITOR_INIT_TIMEOUT
+    given = parser.parse_args(["--standalone", "--warm-spare-preload", "json", "x.py"])
+    assert _options(given, parser).warm_spare_preload == ("json",)

@@ -40,7 +40,7 @@ from torch.distributed.elastic.multiprocessing import LogsSpecs
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
 
-from nvrx.ft import CycleGoodput, MonitorEvent
+from nvrx.ft import CycleGoodput, MonitorEvent, WorkloadAction
 from nvrx.ft._termination import STACK_DUMP_PAUSE_S
 
 from . import _torch_compat as compat
@@ -127,9 +127,9 @@ class _Cycle:
 
     def note_request(self, event: MonitorEvent) -> None:
         """Keep a workload control request (the first of each kind) for this cycle."""
-        if event.action == "ShutdownWorkload":
+        if event.action == WorkloadAction.ShutdownWorkload.name:
             self.shutdown_request = self.shutdown_request or event
-        elif event.action == "ExcludeThisNode":
+        elif event.action == WorkloadAction.ExcludeThisNode.name:
             self.exclude_request = self.exclude_request or event
 
 
@@ -532,6 +532,8 @@ class FtAgent(LocalElasticAgent):
                 if result is not None:
                     return result
         finally:
+            if self._coord is not None:
+                self._coord.close()
             signal.signal(signal.SIGCHLD, previous_handler)
             signal.set_wakeup_fd(previous_fd)
             self._wake = None
@@ -586,7 +588,7 @@ class FtAgent(LocalElasticAgent):
 
         coord = self._coordinator()
         cycle = self._cycle.number
-        decision = coord.poll(cycle)
+        decision = coord.decided(cycle)
         if decision is not None:
             return self._apply(decision, noticed)
         requested = self._decide_on_request()
@@ -985,7 +987,7 @@ class FtAgent(LocalElasticAgent):
         deadline = time.monotonic() + self._policy.exit_barrier_timeout
         logger.info("local workers finished; waiting for %d node(s) in all", world)
         while coord.arrived(cycle) < world:
-            decision = coord.poll(cycle)
+            decision = coord.decided(cycle)
             if decision is not None:
                 return self._apply(decision, time.time())
             if time.monotonic() > deadline:

@@ -39,7 +39,7 @@ from ._exec_shim import shim_args
 from ._monitors import MonitorSupervisor
 from ._numa import NumaPlan, machine_plan, wrap_command
 from ._rendezvous import tune_rendezvous
-from ._spares import SAFE_FLAGS, SparePool, python_command
+from ._spares import DEFAULT_PRELOAD, SAFE_FLAGS, SparePool, python_command
 from .exit_codes import ExitCode, exit_code_for_signal
 from .journal import JsonLines
 
@@ -70,7 +70,7 @@ class LaunchOptions:
     metrics_port: int | None = None
     metrics_addr: str = "127.0.0.1"
     warm_spares: bool = False
-    warm_spare_preload: tuple[str, ...] = ("torch",)
+    warm_spare_preload: tuple[str, ...] = DEFAULT_PRELOAD
     #: Health checks, GPU memory wait, NUMA, cycle info, per-cycle logs (issue 17).
     cluster: ClusterOptions = dataclasses.field(default_factory=ClusterOptions)
 

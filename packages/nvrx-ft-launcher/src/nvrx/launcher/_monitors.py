@@ -20,6 +20,7 @@ import socket
 import time
 
 from nvrx.ft import (
+    MAX_EVENT_BYTES,
     RANK_MONITOR_INIT_TIMEOUT,
     FaultToleranceConfig,
     MonitorEvent,
@@ -28,7 +29,6 @@ from nvrx.ft import (
     create_runtime_dir,
     parse_monitor_event,
 )
-from nvrx.ft._events import MAX_EVENT_BYTES
 
 __all__ = ["MonitorSupervisor"]
 

@@ -28,7 +28,13 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import IO, TYPE_CHECKING, Any, NoReturn
 
-from nvrx.ft import MAX_DURATION_S, FaultToleranceConfig, add_ft_arguments, log_formatter
+from nvrx.ft import (
+    MAX_DURATION_S,
+    RANK_MONITOR_INIT_TIMEOUT,
+    FaultToleranceConfig,
+    add_ft_arguments,
+    log_formatter,
+)
 
 from ._monitors import MonitorSupervisor
 from ._nvrx_only import add_nvrx_only_options, warn_without_effect
@@ -279,8 +285,9 @@ def _add_restart_options(parser: argparse.ArgumentParser) -> None:
         "--monitor-ready-timeout",
         "--monitor_ready_timeout",
         type=_POSITIVE_SECONDS,
-        default=30.0,
-        help="seconds to wait for a rank monitor to come up",
+        default=RANK_MONITOR_INIT_TIMEOUT,
+        help="seconds to wait for a rank monitor to come up (default: %(default)s, "
+        "NVRx's RANK_MONITOR_INIT_TIMEOUT)",
     )
     restart.add_argument(
         "--warm-spares",
@@ -294,9 +301,10 @@ def _add_restart_options(parser: argparse.ArgumentParser) -> None:
         "--warm-spare-preload",
         "--warm_spare_preload",
         type=_module_list,
-        default=("torch",),
+        default=None,  # _spares.DEFAULT_PRELOAD (that module imports torch; this one must not)
         help="comma-separated modules a warm spare imports before it is needed "
-        "(default: torch), e.g. torch,lightning",
+        "(default: torch,torch._dynamo: DDP's constructor imports torch._dynamo, "
+        "seconds per rank at a restart), e.g. torch,torch._dynamo,lightning",
     )
     restart.add_argument(
         "--ft-max-no-progress-restarts",
@@ -611,6 +619,7 @@ def _options(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Launc
     from torch.distributed.run import config_from_args
 
     from ._launch import LaunchOptions
+    from ._spares import DEFAULT_PRELOAD
 
     validate_torchrun_options(args, parser)
     ft_cfg = _ft_config(args, parser)
@@ -633,7 +642,9 @@ def _options(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Launc
         monitor_ready_timeout=args.monitor_ready_timeout,
         rdzv_poll_interval=args.rdzv_poll_interval,
         warm_spares=args.warm_spares,
-        warm_spare_preload=tuple(args.warm_spare_preload),
+        warm_spare_preload=(
+            DEFAULT_PRELOAD if args.warm_spare_preload is None else tuple(args.warm_spare_preload)
+        ),
         max_no_progress_restarts=max(0, args.ft_max_no_progress_restarts),  # -1: off
         min_progress_iterations=args.ft_min_progress_iterations,
         progress_file=args.ft_progress_file,
