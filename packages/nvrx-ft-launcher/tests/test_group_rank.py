@@ -7,8 +7,17 @@ import threading
 
 import pytest
 from torch._C._distributed_c10d import TCPStore
+from torch.distributed.elastic.rendezvous import RendezvousError
 
-from nvrx.launcher._group_rank import InfraKey, _align, aligned_ranks, infra_key
+from nvrx.launcher import _group_rank
+from nvrx.launcher._group_rank import (
+    InfraKey,
+    _align,
+    _published,
+    _seal,
+    aligned_ranks,
+    infra_key,
+)
 
 
 def test_slurm_procid_wins_over_group_rank_and_torch_order() -> None:
@@ -77,36 +86,74 @@ def test_three_nodes_agree_over_a_real_store() -> None:
     for t in threads:
         t.join(30)
     assert {r: rank for r, (rank, _) in results.items()} == {0: 2, 1: 1, 2: 0}
-    # Group rank 0 (the cycle-info writer) knows every node; the others themselves.
-    assert results[2][1] == (("node-2", 0), ("node-1", 1), ("node-0", 2))
-    assert results[0][1] == (("node-0", 2),)
+    # Every node knows every node (one signed result per round).
+    listing = (("node-2", 0), ("node-1", 1), ("node-0", 2))
+    assert all(nodes == listing for _, nodes in results.values())
 
 
-def test_a_forged_key_in_the_store_falls_back_to_the_rendezvous_order() -> None:
-    server = TCPStore(
-        "127.0.0.1",
-        0,
-        is_master=True,
-        wait_for_workers=False,
+def _server() -> TCPStore:
+    return TCPStore(
+        "127.0.0.1", 0, is_master=True, wait_for_workers=False,
         timeout=datetime.timedelta(seconds=30),
-    )
+    )  # fmt: skip
+
+
+KEY = b"k" * 32
+
+
+def test_a_forged_node_key_is_listed_as_a_stranger() -> None:
+    server = _server()
     server.set("nvrx.launcher/infra_rank/1", '{"tier": 0, "index": "0; rm -rf", "node": "x"}')
     rank, nodes = _align(server, 0, 2, InfraKey(0, 4), "me")
     assert rank == 0
+    # The node of rendezvous rank 1 will not find itself there: its round fails.
     assert nodes == (("me", 0), ("rendezvous-rank-1", 1))
 
 
-def test_a_forged_group_rank_is_refused() -> None:
-    server = TCPStore(
-        "127.0.0.1",
-        0,
-        is_master=True,
-        wait_for_workers=False,
-        timeout=datetime.timedelta(seconds=30),
-    )
-    server.set("nvrx.launcher/group_rank/1", "7")  # outside a world of 2
-    rank, nodes = _align(server, 1, 2, InfraKey(0, 0), "me")
-    assert (rank, nodes) == (1, (("me", 1),))
+def test_an_unsigned_node_key_is_refused_when_the_job_has_a_key() -> None:
+    server = _server()
+    forged = _seal(None, "run", "nvrx.launcher/infra_rank/1", _published(InfraKey(0, 0), "x", None))
+    server.set("nvrx.launcher/infra_rank/1", forged)
+    rank, nodes = _align(server, 0, 2, InfraKey(0, 4), "me", key=KEY, run_id="run")
+    assert (rank, nodes) == (0, (("me", 0), ("rendezvous-rank-1", 1)))
+
+
+@pytest.mark.parametrize(
+    ("result", "key"),
+    [
+        ('{"nodes": [["other", 0], ["me", 7]]}', None),  # outside a world of 2
+        ('{"nodes": [["other", 1], ["me", 1]]}', None),  # a duplicate rank
+        ('{"nodes": [["me", 0], ["other", 1]]}', None),  # this node not at its place
+        ('{"nodes": [["other", 1], ["me", 0]]}', b"x" * 32),  # signed with another key
+    ],
+)
+def test_a_bad_result_fails_the_round(
+    result: str, key: bytes | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_group_rank, "_WAIT_S", 1.0)
+    server = _server()
+    server.set("nvrx.launcher/group_ranks", _seal(key, "run", "nvrx.launcher/group_ranks", result))
+    with pytest.raises(RendezvousError, match="no valid group ranks"):
+        _align(server, 1, 2, InfraKey(0, 0), "me", key=KEY if key else None, run_id="run")
+
+
+def test_a_signed_result_is_taken() -> None:
+    server = _server()
+    body = '{"nodes": [["other", 1], ["me", 0]]}'
+    server.set("nvrx.launcher/group_ranks", _seal(KEY, "run", "nvrx.launcher/group_ranks", body))
+    rank, nodes = _align(server, 1, 2, InfraKey(0, 0), "me", key=KEY, run_id="run")
+    assert (rank, nodes) == (0, (("me", 0), ("other", 1)))
+
+
+def test_no_result_in_time_is_a_rendezvous_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_group_rank, "_WAIT_S", 0.5)
+    with pytest.raises(RendezvousError):
+        _align(_server(), 1, 2, InfraKey(0, 0), "me")
+
+
+def test_scheduler_indices_are_ascii_digits_only() -> None:
+    assert infra_key({"SLURM_PROCID": "\u00b2"}, 5) == InfraKey(2, 5)
+    assert infra_key({"SLURM_PROCID": " 3 "}, 5) == InfraKey(0, 3)
 
 
 def test_torch_rendezvous_gives_aligned_ranks_through_the_hook() -> None:
@@ -158,7 +205,7 @@ def test_torch_rendezvous_gives_aligned_ranks_through_the_hook() -> None:
         assert len(addrs) == 1  # both nodes' workers meet at torch's one store
         # The node of group rank 0 (SLURM_PROCID 0) knows the round; the other itself.
         assert aligners[1].nodes == (("node-0", 0), ("node-1", 1))
-        assert aligners[0].nodes == (("node-1", 1),)
+        assert aligners[0].nodes == aligners[1].nodes
     finally:
         for handler in handlers:
             handler.shutdown()

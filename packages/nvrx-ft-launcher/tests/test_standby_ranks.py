@@ -76,7 +76,7 @@ def test_the_store_exchange_keeps_ranks_and_lists_every_node_everywhere() -> Non
             InfraKey(2, torch_rank),
             names[torch_rank],
             previous[torch_rank],
-            everyone_lists=True,
+            stable=True,
         )
 
     threads = [threading.Thread(target=node, args=(r,)) for r in range(2)]

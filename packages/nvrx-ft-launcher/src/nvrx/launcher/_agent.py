@@ -244,6 +244,7 @@ class FtAgent(LocalElasticAgent):
             run_id=spec.rdzv_handler.get_run_id(),
             numa=numa,
             goodput=self._cycle_goodput,
+            job_key=self._job_key,
         )
         self._steps.install(spec.rdzv_handler)
 

@@ -54,11 +54,14 @@ class CycleSteps:
         run_id: str,
         numa: NumaPlan | None = None,
         goodput: Callable[[], CycleGoodput | None] | None = None,
+        job_key: bytes | None = None,
     ) -> None:
         self.options = options
         self._recorder = recorder
         self._node_id = node_id
-        self.aligner = GroupRankAligner(os.environ, node_id, stable=options.standby_nodes)
+        self.aligner = GroupRankAligner(
+            os.environ, node_id, stable=options.standby_nodes, key=job_key, run_id=run_id
+        )
         self._health = NodeHealthChecker(options.health) if options.health.any else None
         self._numa = numa
         self._gpu_read: Callable[[], MemoryReading] | None = None

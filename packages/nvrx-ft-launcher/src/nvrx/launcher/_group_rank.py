@@ -5,15 +5,18 @@ name, pid, counter), so node 3 of an sbatch job may be group rank 0 and every lo
 names ranks the scheduler does not know. NVRx 0.7 always aligns them (its v0.5 flag
 ``--ft-use-infra-group-rank`` became the only behaviour); so do we: after each round
 every node publishes its scheduler index in the round's store, torch's rank 0 sorts
-them (:func:`aligned_ranks`) and publishes each node's place, and every node takes
-it: O(1) store operations per node. The ranks stay dense (0..N-1) when the
-scheduler's are not (a replaced node).
+them (:func:`aligned_ranks`) and publishes one result (every node and its group rank,
+in torch order), and every node checks it and takes its place: O(1) store operations
+per node. Both are signed with the job key when there is one (HMAC bound to the run id
+and the store key). A result that does not check (unsigned, a duplicate rank, this node
+missing from its place) is never replaced by a rank of the node's own choosing: the
+round fails with RendezvousError. The ranks stay dense (0..N-1) when the scheduler's
+are not (a replaced node).
 
 With standby nodes (``--ft-standby-nodes``) the ranks are also stable: a node that was in
 the previous round keeps its group rank, and a standby that takes a departed node's
-place gets that node's rank (:func:`stable_ranks`); every node then reads the round's
-node list, so each one that was in the previous round can say who replaced whom
-(:func:`replacements`).
+place gets that node's rank (:func:`stable_ranks`); each node that was in the previous
+round says who replaced whom (:func:`replacements`).
 """
 
 from __future__ import annotations
@@ -21,11 +24,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import time
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
 
-from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousInfo
+from torch.distributed.elastic.rendezvous import RendezvousError, RendezvousHandler, RendezvousInfo
 
+from ._job_key import sign, verify
 from ._torch_compat import Store
 
 __all__: list[str] = []
@@ -35,11 +40,11 @@ logger = logging.getLogger("nvrx.launcher")
 #: Where each node publishes its key, under the round's own store prefix.
 _KEY = "nvrx.launcher/infra_rank/"
 #: Where torch's rank 0 publishes each node's aligned group rank, and the node list.
-_RESULT = "nvrx.launcher/group_rank/"
-_NODES = "nvrx.launcher/group_nodes"
+_RESULT = "nvrx.launcher/group_ranks"
 #: How long a node waits for the others' keys (they publish right after the round).
 _WAIT_S = 60.0
 _MAX_INDEX = 10**7
+_POLL_S = 0.1
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -75,7 +80,8 @@ class InfraKey:
 
 def _index(env: Mapping[str, str], name: str) -> int | None:
     text = env.get(name, "").strip()
-    if not text.isdigit() or int(text) > _MAX_INDEX:
+    # ASCII digits only: str.isdigit() also passes "²", which int() refuses.
+    if not (text.isascii() and text.isdigit()) or int(text) > _MAX_INDEX:
         return None
     return int(text)
 
@@ -162,28 +168,84 @@ def _parse_published(text: bytes | str) -> tuple[InfraKey, str, int | None]:
     return InfraKey.from_json(json.dumps(data)), node, prev
 
 
-def _gather(store: Store, world_size: int) -> list[tuple[InfraKey, str, int | None]]:
+def _context(run_id: str, name: str) -> str:
+    return f"nvrx.launcher/v1/{run_id}/{name}"
+
+
+def _seal(key: bytes | None, run_id: str, name: str, body: str) -> str:
+    """``body`` in an envelope, signed with the job key (bound to run id and store key)."""
+    mac = None if key is None else sign(key, _context(run_id, name), body.encode("utf-8"))
+    return json.dumps({"body": body, "mac": mac})
+
+
+def _unseal(key: bytes | None, run_id: str, name: str, raw: bytes | str) -> str:
+    """The body of an envelope from the store; ValueError unless well formed (and signed)."""
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        raise ValueError(f"{name}: not an envelope") from None
+    if not isinstance(data, dict) or set(data) != {"body", "mac"}:
+        raise ValueError(f"{name}: not an envelope")
+    body, mac = data["body"], data["mac"]
+    if not isinstance(body, str):
+        raise ValueError(f"{name}: not an envelope")
+    if key is not None and not (
+        isinstance(mac, str) and verify(key, _context(run_id, name), body.encode("utf-8"), mac)
+    ):
+        raise ValueError(f"{name}: missing or wrong MAC (not written with this job's key)")
+    return body
+
+
+def _gather(
+    store: Store, world_size: int, key: bytes | None, run_id: str
+) -> list[tuple[InfraKey, str, int | None]]:
     """Every node's published key and id (torch's rank 0 only: one wait, one multi_get)."""
     names = [f"{_KEY}{r}" for r in range(world_size)]
     store.wait(names, timedelta(seconds=_WAIT_S))
     found = []
     for r, raw in enumerate(store.multi_get(names)):
         try:
-            found.append(_parse_published(raw))
+            found.append(_parse_published(_unseal(key, run_id, names[r], raw)))
         except ValueError as exc:
-            # A value nobody of this job wrote: that node keeps torch's order.
+            # A value nobody of this job wrote: that node will not find itself in the
+            # result, and its round fails (RendezvousError) instead of running twice.
             logger.warning("ignoring the group rank key of rendezvous rank %d: %s", r, exc)
             found.append((InfraKey(2, r), f"rendezvous-rank-{r}", None))
     return found
 
 
-def _read_rank(store: Store, torch_rank: int, world_size: int) -> int:
-    name = f"{_RESULT}{torch_rank}"
-    store.wait([name], timedelta(seconds=_WAIT_S))
-    text = store.get(name).decode("ascii", errors="replace")
-    if not text.isdigit() or int(text) >= world_size:
-        raise ValueError(f"group rank {text!r} for a world of {world_size} nodes")
-    return int(text)
+def _parse_result(
+    body: str, world_size: int, torch_rank: int, node: str
+) -> tuple[int, tuple[tuple[str, int], ...]]:
+    """This node's group rank and the round's (node, group rank) list, by group rank.
+
+    ValueError unless it lists ``world_size`` distinct nodes in torch order, with this
+    node at its own torch rank, and the group ranks are a permutation of 0..N-1.
+    """
+    try:
+        data = json.loads(body)
+    except ValueError:
+        raise ValueError("group ranks: not JSON") from None
+    nodes = data.get("nodes") if isinstance(data, dict) else None
+    if not isinstance(nodes, list) or len(nodes) != world_size:
+        raise ValueError(f"group ranks: not a list of {world_size} nodes")
+    listing: list[tuple[str, int]] = []
+    for entry in nodes:
+        if not (
+            isinstance(entry, list)
+            and len(entry) == 2
+            and isinstance(entry[0], str)
+            and type(entry[1]) is int
+        ):
+            raise ValueError(f"group ranks: bad entry {entry!r}")
+        listing.append((entry[0], entry[1]))
+    if sorted(r for _, r in listing) != list(range(world_size)):
+        raise ValueError("group ranks: not a permutation of 0..N-1")
+    if len({n for n, _ in listing}) != world_size:
+        raise ValueError("group ranks: a node listed twice")
+    if listing[torch_rank][0] != node:
+        raise ValueError(f"group ranks: rendezvous rank {torch_rank} is not this node")
+    return listing[torch_rank][1], tuple(sorted(listing, key=lambda p: p[1]))
 
 
 def _align(
@@ -194,47 +256,48 @@ def _align(
     node: str,
     previous: int | None = None,
     *,
-    everyone_lists: bool = False,
+    stable: bool = False,
+    key: bytes | None = None,
+    run_id: str = "",
 ) -> tuple[int, tuple[tuple[str, int], ...]]:
-    """This node's aligned group rank, and (node id, group rank) of every node if it is 0.
+    """This node's aligned group rank, and (node id, group rank) of every node.
 
-    Every node publishes its key; torch's rank 0 reads them all, sorts them and publishes
-    each node's group rank under a key of its own: O(1) store operations per node
-    (rank 0: O(1) calls carrying N values), not N reads on every node. With
-    ``previous`` (stable ranks) a node keeps its last group rank; ``everyone_lists``:
-    every node reads the node list (one more get), not only group rank 0.
+    Every node publishes its key, signed with the job key; torch's rank 0 reads them all,
+    sorts them (``stable``: a node keeps its ``previous`` group rank) and publishes one
+    signed result, the nodes and their group ranks in torch order, which every node
+    checks (:func:`_parse_result`): O(1) store operations per node. A value that does
+    not check is waited past until the round's deadline, then the round fails with
+    RendezvousError: never a rank of this node's own choosing, which could duplicate one.
     """
-    store.set(f"{_KEY}{torch_rank}", _published(mine, node, previous))
-    if torch_rank == 0:
-        found = _gather(store, world_size)
-        keys = [key for key, _, _ in found]
-        if everyone_lists:
-            ranks = stable_ranks(keys, [prev for _, _, prev in found])
-        else:
-            ranks = aligned_ranks(keys)
-        listing = sorted(((n, ranks[r]) for r, (_, n, _) in enumerate(found)), key=lambda p: p[1])
-        store.set(_NODES, json.dumps(listing))
-        names, values = [f"{_RESULT}{r}" for r in range(world_size)], [str(n) for n in ranks]
-        multi_set = getattr(store, "multi_set", None)  # at run time since torch 2.4, no stub
-        if callable(multi_set):
-            multi_set(names, values)
-        else:
-            for name, value in zip(names, values, strict=True):
-                store.set(name, value)
+    name = f"{_KEY}{torch_rank}"
+    deadline = time.monotonic() + _WAIT_S
     try:
-        rank = _read_rank(store, torch_rank, world_size)
-    except ValueError as exc:
-        logger.warning("keeping the rendezvous order: %s", exc)
-        return torch_rank, ((node, torch_rank),)
-    if rank != 0 and not everyone_lists:
-        return rank, ((node, rank),)
-    try:
-        listed = json.loads(store.get(_NODES))
-        nodes: tuple[tuple[str, int], ...] = tuple((str(n), int(r)) for n, r in listed)
-    except (ValueError, TypeError) as exc:
-        logger.warning("the round's node list is unreadable: %s", exc)
-        nodes = ((node, rank),)
-    return rank, nodes
+        store.set(name, _seal(key, run_id, name, _published(mine, node, previous)))
+        if torch_rank == 0:
+            found = _gather(store, world_size, key, run_id)
+            keys = [k for k, _, _ in found]
+            prev = [p for _, _, p in found]
+            ranks = stable_ranks(keys, prev) if stable else aligned_ranks(keys)
+            body = json.dumps({"nodes": [[n, ranks[r]] for r, (_, n, _) in enumerate(found)]})
+            store.set(_RESULT, _seal(key, run_id, _RESULT, body))
+        said = False
+        while True:
+            left = deadline - time.monotonic()
+            store.wait([_RESULT], timedelta(seconds=max(0.1, left)))
+            try:
+                body = _unseal(key, run_id, _RESULT, store.get(_RESULT))
+                return _parse_result(body, world_size, torch_rank, node)
+            except ValueError as exc:
+                if left <= 0:
+                    raise RendezvousError(
+                        f"no valid group ranks for this round within {_WAIT_S:.0f} s: {exc}"
+                    ) from None
+                if not said:
+                    said = True
+                    logger.warning("waiting for valid group ranks: %s", exc)
+                time.sleep(_POLL_S)
+    except RuntimeError as exc:  # the store's timeout (DistStoreError) or connection
+        raise RendezvousError(f"group rank exchange failed: {exc}") from exc
 
 
 class GroupRankAligner:
@@ -245,13 +308,24 @@ class GroupRankAligner:
     torch's, the same on every node.
     """
 
-    def __init__(self, env: Mapping[str, str], node: str, *, stable: bool = False) -> None:
+    def __init__(
+        self,
+        env: Mapping[str, str],
+        node: str,
+        *,
+        stable: bool = False,
+        key: bytes | None = None,
+        run_id: str = "",
+    ) -> None:
         self._env = env
         self._node = node
-        #: Standby nodes: keep group ranks across rounds and list every node everywhere.
+        #: Standby nodes: keep group ranks across rounds.
         self._stable = stable
-        #: (node id, group rank) of the last round: every node's on group rank 0 (the
-        #: cycle-info writer) and with ``stable``, this node's alone elsewhere.
+        #: The job key signs what each node and torch's rank 0 publish (None: unsigned,
+        #: already warned about at start-up; still checked as a permutation).
+        self._key = key
+        self._run_id = run_id
+        #: (node id, group rank) of every node in the last round, by group rank.
         self.nodes: tuple[tuple[str, int], ...] = ()
         #: With ``stable``: (group rank, node that left, node in its place) of the last
         #: round, for a node that was in the round before (empty otherwise).
@@ -273,7 +347,9 @@ class GroupRankAligner:
                 mine,
                 self._node,
                 self._rank if self._stable else None,
-                everyone_lists=self._stable,
+                stable=self._stable,
+                key=self._key,
+                run_id=self._run_id,
             )
             self._rank = rank
             if self._stable and len(before) > 1:
