@@ -209,3 +209,51 @@ def test_torch_rendezvous_gives_aligned_ranks_through_the_hook() -> None:
     finally:
         for handler in handlers:
             handler.shutdown()
+
+
+def test_no_alignment_when_the_workers_do_not_share_the_rendezvous_store(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: RANK 0's worker hosts the store on torch's rank 0."""
+    from torch.distributed.elastic.rendezvous import RendezvousParameters, registry
+
+    from nvrx.launcher._group_rank import GroupRankAligner
+
+    monkeypatch.setenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    server = _server()
+    handlers, aligners = [], []
+    for procid in (1, 0):
+        params = RendezvousParameters(
+            backend="c10d",
+            endpoint=f"127.0.0.1:{server.port}",
+            run_id="own-store",
+            min_nodes=2,
+            max_nodes=2,
+            join_timeout="30",
+            last_call_timeout="1",
+        )
+        handler = registry.get_rendezvous_handler(params)
+        assert handler.use_agent_store is False
+        aligner = GroupRankAligner({"SLURM_PROCID": str(procid)}, f"node-{procid}")
+        aligner.install(handler)
+        handlers.append(handler)
+        aligners.append(aligner)
+    infos: dict[int, object] = {}
+
+    def join(index: int) -> None:
+        infos[index] = handlers[index].next_rendezvous()
+
+    threads = [threading.Thread(target=join, args=(i,)) for i in range(2)]
+    with caplog.at_level("WARNING", logger="nvrx.launcher"):
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+    try:
+        assert sorted(infos) == [0, 1]
+        assert sorted(info.rank for info in infos.values()) == [0, 1]  # type: ignore[attr-defined]
+        assert [a.nodes for a in aligners] == [(), ()]  # no exchange took place
+        assert "group ranks follow the rendezvous order" in caplog.text
+    finally:
+        for handler in handlers:
+            handler.shutdown()

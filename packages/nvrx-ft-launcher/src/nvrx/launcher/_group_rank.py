@@ -331,6 +331,7 @@ class GroupRankAligner:
         #: round, for a node that was in the round before (empty otherwise).
         self.replaced: list[tuple[int, str, str]] = []
         self._rank: int | None = None
+        self._said_own_store = False
 
     def install(self, handler: RendezvousHandler) -> None:
         """Wrap ``handler.next_rendezvous`` (this handler only; torch's class is untouched)."""
@@ -338,6 +339,19 @@ class GroupRankAligner:
 
         def next_rendezvous() -> RendezvousInfo:
             info = original()
+            if not getattr(handler, "use_agent_store", True):
+                # Torch's rank 0 hosts no store for the workers then: the worker of
+                # RANK 0 starts one at MASTER_ADDR, which is torch's rank-0 node. A rank
+                # 0 elsewhere would bind an address that is not its own and hang.
+                if not self._said_own_store:
+                    self._said_own_store = True
+                    logger.warning(
+                        "group ranks follow the rendezvous order, not SLURM_PROCID/"
+                        "GROUP_RANK (nor stay stable for standby nodes): this rendezvous "
+                        "does not share its store with the workers "
+                        "(TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, or the etcd backend)"
+                    )
+                return info
             mine = infra_key(self._env, info.rank)
             before = self.nodes
             rank, self.nodes = _align(
