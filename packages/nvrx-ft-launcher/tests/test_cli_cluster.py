@@ -69,3 +69,17 @@ def test_the_options_and_their_pet_variables_parse(
     assert args.ft_standby_nodes is True
     assert parser.parse_args(["train.py"]).ft_standby_nodes is False
     assert os.path.isdir(tmp_path)
+
+
+def test_redirects_with_per_cycle_logs_is_said_to_have_no_effect(
+    tmp_path: pathlib.Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from nvrx.launcher.cli import _options
+
+    parser = get_parser()
+    prefix = f"--ft-per-cycle-applog-prefix={tmp_path / 'job.log'}"
+    with caplog.at_level("WARNING", logger="nvrx.launcher"):
+        _options(parser.parse_args(["--standalone", prefix, "x.py"]), parser)
+        assert "--redirects" not in caplog.text
+        _options(parser.parse_args(["--standalone", "--redirects=3", prefix, "x.py"]), parser)
+    assert "--redirects 3 has no effect with --ft-per-cycle-applog-prefix" in caplog.text

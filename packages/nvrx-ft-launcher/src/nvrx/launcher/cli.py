@@ -681,6 +681,14 @@ def _cluster_settings(
     if cluster.applog_prefix is not None:
         from torch.distributed.elastic.multiprocessing import Std
 
+        if str(getattr(args, "redirects", "0")) != "0":
+            logger.warning(
+                "--redirects %s has no effect with --ft-per-cycle-applog-prefix: every "
+                "rank's stdout and stderr go to the per-cycle files (--tee still copies "
+                "them to the console)",
+                args.redirects,
+            )
+
         from ._app_logs import PerCycleLogsSpecs
 
         filtered = getattr(args, "local_ranks_filter", "") or ""
