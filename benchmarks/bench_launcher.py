@@ -18,6 +18,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import pathlib
@@ -31,6 +32,7 @@ from typing import Any
 
 import psutil
 from _common import Metric
+from _launcher_runs import bench_env, read_jsonl, wait_for
 from torch._C._distributed_c10d import TCPStore
 
 __all__ = ["run"]
@@ -52,33 +54,8 @@ dist.destroy_process_group()
 """
 
 
-def _env() -> dict[str, str]:
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    env.pop("NVRX_FT_MONITOR_SOCKET", None)
-    return env
-
-
 def _events(out: pathlib.Path) -> list[dict[str, Any]]:
-    path = out / "events.jsonl"
-    if not path.exists():
-        return []
-    rows = []
-    for line in path.read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except ValueError:
-            continue
-    return rows
-
-
-def _wait(cond: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = cond()
-        if value:
-            return value
-        time.sleep(0.01)
-    raise RuntimeError(f"benchmark timed out waiting for {what}")
+    return read_jsonl(out / "events.jsonl")
 
 
 def _kill_tree(proc: subprocess.Popen[bytes]) -> None:
@@ -134,15 +111,15 @@ def _restart_job(
         *(["--warm-spares"] if warm else []),
         str(TRAIN), "--out", str(out), "--steps", "1000000", "--step-time", "0.02",
     ]  # fmt: skip
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=_env())
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=bench_env())
     samples: list[dict[str, float]] = []
     try:
         for cycle in range(restarts):
-            _wait(lambda c=cycle: _first_step(out, c), 120, f"training in cycle {cycle}")
+            wait_for(functools.partial(_first_step, out, cycle), 120, f"training in cycle {cycle}")
             time.sleep(0.3)  # a few steps, so the heartbeat timeout is armed
             if warm:
                 ranks = {e["pid"] for e in _events(out) if e["event"] == "start"}
-                _wait(lambda r=ranks: _spares_idle(proc.pid, r), 120, "idle warm spares")
+                wait_for(functools.partial(_spares_idle, proc.pid, ranks), 120, "idle warm spares")
             pid = next(
                 e["pid"]
                 for e in _events(out)
@@ -150,7 +127,9 @@ def _restart_job(
             )
             fault_time = time.time()
             os.kill(pid, signal.SIGKILL if fault == "sigkill" else signal.SIGSTOP)
-            first = _wait(lambda c=cycle: _first_step(out, c + 1), 120, "the restarted job")
+            first = wait_for(
+                functools.partial(_first_step, out, cycle + 1), 120, "the restarted job"
+            )
             record = next(
                 r
                 for r in map(json.loads, cycles.read_text().splitlines())
@@ -207,7 +186,7 @@ def _bare_start() -> float:
         subprocess.Popen(
             [sys.executable, "-c", _BARE, str(server.port), str(rank)],
             stdout=subprocess.PIPE,
-            env=_env(),
+            env=bench_env(),
         )
         for rank in range(2)
     ]
@@ -221,7 +200,12 @@ def _bare_start() -> float:
 def _wall(cmd: list[str], cwd: pathlib.Path) -> float:
     start = time.perf_counter()
     subprocess.run(
-        cmd, cwd=cwd, env=_env(), check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        cmd,
+        cwd=cwd,
+        env=bench_env(),
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     return time.perf_counter() - start
 
