@@ -121,3 +121,33 @@ def test_two_nodes_agree_and_group_rank_0_writes_the_job_summary(
     assert summary["restarts"][0]["detection_s"] == pytest.approx(
         offline.restarts[0].detection_s, abs=1e-6
     )
+
+
+def test_a_two_node_stop_keeps_the_job_summary(
+    start_launcher: Start, tmp_path: pathlib.Path
+) -> None:
+    """No restarts left: both nodes stop (exit 1), and the job summary covers both.
+
+    The store lives in one launcher; the stop path waits at the leave barrier, as a
+    finished job does, so the summary writer still reaches the other node's timeline.
+    """
+    port = free_port()
+    common = [
+        "--nnodes", "2", "--nproc-per-node", "1", "--max-restarts", "0",
+        "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
+        "--rdzv-id", "goodput-stop", "--local-addr", "127.0.0.1",
+    ]  # fmt: skip
+    journals = [tmp_path / "node0.jsonl", tmp_path / "node1.jsonl"]
+    launchers = [
+        start_launcher(
+            [*common, "--rdzv-conf", f"is_host={1 - i}", "--ft-journal", str(journals[i])],
+            ["--steps", "6", "--fault", "raise:1:3"],
+            name=f"node{i}",
+        )
+        for i in range(2)
+    ]
+    for launcher in launchers:
+        assert launcher.wait() == 1, "".join(str(item.log()) for item in launchers)
+    records = [json.loads(line) for path in journals for line in path.read_text().splitlines()]
+    [job] = [r for r in records if r["event"] == "job_goodput"]
+    assert job["summary"]["nodes"] == 2, job

@@ -921,6 +921,9 @@ class FtAgent(LocalElasticAgent):
             else:
                 self._journal_goodput()
                 self._close_rendezvous()
+                world = wg.group_world_size or 1
+                if world > 1:  # the store's host stays until every node has its summary
+                    self._coordinator().leave(cycle, world)
             raise LauncherExit(exit_code, decision.reason)
 
         self._state = decision.state
