@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from nvrx.ft import MonitorEvent
-from nvrx.launcher._agent import _Cycle
+from nvrx.launcher._agent import _Cycle, _RankPids
 
 
 def _request(action: str, rank: int) -> MonitorEvent:
@@ -25,3 +25,20 @@ def test_requests_are_kept_for_the_cycle_first_of_each_kind() -> None:
     assert cycle.shutdown_request.rank == 2
     assert cycle.exclude_request is not None
     assert cycle.exclude_request.rank == 1
+
+
+def test_an_earlier_cycles_rank_pid_is_stale() -> None:
+    """A late event from the previous cycle's rank does not count in the next cycle."""
+    pids = _RankPids()
+    pids.new_cycle([100, 101])
+    assert not pids.is_stale(100)
+    assert not pids.is_stale(150), "a pid the monitor reports first is this cycle's"
+    pids.new_cycle([200, 201])
+    assert pids.is_stale(100)
+    assert pids.is_stale(101)
+    assert pids.is_stale(150)
+    assert not pids.is_stale(200)
+    pids.new_cycle([300, 101])
+    assert not pids.is_stale(101), "a pid reused by the new cycle's rank is its own"
+    assert pids.is_stale(200)
+    assert pids.is_stale(100)

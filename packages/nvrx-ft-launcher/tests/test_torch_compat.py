@@ -6,11 +6,14 @@ of the launcher silently getting slower or reading stale state.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import inspect
 import logging
 import os
+import re
 import signal
+import sys
 import time
 from typing import Any
 
@@ -169,38 +172,124 @@ def test_agent_overrides(name: str, params: list[str]) -> None:
     assert got == params, f"LocalElasticAgent.{name}{got} changed"
 
 
-def test_upstream_monitor_workers(tmp_path: Any) -> None:
-    """torch's own _monitor_workers, run on a real process: pid check, poll, D-state check."""
+# What torch's _monitor_workers touches on the agent: the checks _torch_compat repeats
+# (pid_mismatch, uninterruptible_state) and the poll it must not make (wait(0)).
+_MONITOR_TOUCHES = {"_pcontext", "_uninterruptible_state_timeout"}
+_MONITOR_TOUCHES_213 = {"_check_uninterruptible_state_timeout"}
+
+
+def _torch_213() -> bool:
+    return tuple(int(p) for p in torch.__version__.split(".")[:2]) >= (2, 13)
+
+
+def test_monitor_workers_checks() -> None:
+    """torch's _monitor_workers makes no check that pid_mismatch/uninterruptible_state miss."""
     source = _source(LocalElasticAgent._monitor_workers)
-    assert "self._pcontext.pids()" in source, "_monitor_workers: the pid check is gone"
+    touched = set(re.findall(r"self\.(\w+)", source))
+    expected = _MONITOR_TOUCHES | (_MONITOR_TOUCHES_213 if _torch_213() else set())
+    if not _torch_213():
+        expected.discard("_uninterruptible_state_timeout")
+    assert touched == expected, (
+        f"_monitor_workers: torch's checks changed (touches {sorted(touched)}): "
+        "repeat each new one in _torch_compat.pid_mismatch/uninterruptible_state"
+    )
+    assert "worker_pids = {w.id for w in worker_group.workers}" in source, (
+        "_monitor_workers: the pid check (Worker.id) changed"
+    )
+    assert "set(self._pcontext.pids().values())" in source, (
+        "_monitor_workers: the pid check (_pcontext.pids) changed"
+    )
     assert "self._pcontext.wait(0)" in source, "_monitor_workers: the process poll changed"
-    if tuple(int(p) for p in torch.__version__.split(".")[:2]) >= (2, 13):
-        assert "_check_uninterruptible_state_timeout" in source, (
-            "_monitor_workers: the D-state check (torch 2.13) is gone"
-        )
+
+
+def _sleepers(logs: DefaultLogsSpecs, n: int) -> Any:
+    return start_processes(
+        name="contract",
+        entrypoint="sleep",
+        args={i: ("30",) for i in range(n)},
+        envs={i: {} for i in range(n)},
+        logs_specs=logs,
+    )
+
+
+def test_pid_mismatch(tmp_path: Any) -> None:
+    """torch's pid check on real processes; a dead rank does not stop its siblings."""
     spec = agent_api.WorkerSpec(
-        role="contract", local_world_size=1, rdzv_handler=_handler(), entrypoint="sleep"
+        role="contract", local_world_size=2, rdzv_handler=_handler(), entrypoint="sleep"
     )
     logs = DefaultLogsSpecs(log_dir=str(tmp_path))
     agent = LocalElasticAgent(spec, logs)
-    pc = start_processes(
-        name="contract", entrypoint="sleep", args={0: ("30",)}, envs={0: {}}, logs_specs=logs
-    )
+    pc = _sleepers(logs, 2)
     try:
         agent._pcontext = pc
-        worker = agent._worker_group.workers[0]
-        worker.id = None
-        got = compat.upstream_monitor_workers(agent, agent._worker_group)
-        assert got.state == agent_api.WorkerState.UNKNOWN, "the pid mismatch is not UNKNOWN"
-        worker.id = pc.pids()[0]
-        got = compat.upstream_monitor_workers(agent, agent._worker_group)
-        assert got.state == agent_api.WorkerState.HEALTHY, got
+        workers = agent._worker_group.workers
+        got = compat.pid_mismatch(agent, agent._worker_group)
+        assert got is not None, "the pid mismatch is not reported"
+        assert got.state == agent_api.WorkerState.UNKNOWN, got
+        for w in workers:
+            w.id = pc.pids()[w.local_rank]
+        assert compat.pid_mismatch(agent, agent._worker_group) is None
         os.kill(pc.pids()[0], signal.SIGKILL)
-        deadline = time.monotonic() + 10
-        while got.state == agent_api.WorkerState.HEALTHY and time.monotonic() < deadline:
-            time.sleep(0.05)
-            got = compat.upstream_monitor_workers(agent, agent._worker_group)
-        assert got.state == agent_api.WorkerState.FAILED, got
-        assert got.failures[worker.global_rank].exitcode == -signal.SIGKILL
+        pc.subprocess_handlers[0].proc.wait(10)
+        assert compat.pid_mismatch(agent, agent._worker_group) is None
+        assert compat.uninterruptible_state(agent, agent._worker_group) is None
+        assert pc.subprocess_handlers[1].proc.poll() is None, "the sibling was stopped"
     finally:
+        pc.close()
+
+
+_VFORK = """
+import ctypes
+libc = ctypes.CDLL(None)
+if libc.vfork() == 0:
+    libc.sleep(8)
+    libc._exit(0)
+"""
+
+
+def test_uninterruptible_state(tmp_path: Any) -> None:
+    """torch 2.13's D-state check, on a real process in D-state (a vfork parent)."""
+    if not _torch_213():
+        pytest.skip("torch's D-state check is from torch 2.13")
+    method = getattr(LocalElasticAgent, "_check_uninterruptible_state_timeout", None)
+    assert method is not None, "LocalElasticAgent._check_uninterruptible_state_timeout is gone"
+    params = list(inspect.signature(method).parameters)
+    assert params == ["self", "worker_group", "timeout"], (
+        f"_check_uninterruptible_state_timeout{params} changed"
+    )
+    spec = agent_api.WorkerSpec(
+        role="contract", local_world_size=1, rdzv_handler=_handler(), entrypoint=sys.executable
+    )
+    logs = DefaultLogsSpecs(log_dir=str(tmp_path))
+    agent = LocalElasticAgent(spec, logs)
+    assert isinstance(getattr(agent, "_uninterruptible_state_timeout", None), float), (
+        "LocalElasticAgent._uninterruptible_state_timeout is gone"
+    )
+    pc = start_processes(
+        name="contract",
+        entrypoint=sys.executable,
+        args={0: ("-c", _VFORK)},
+        envs={0: {}},
+        logs_specs=logs,
+    )
+    pid = pc.pids()[0]
+    try:
+        agent._pcontext = pc
+        agent._worker_group.workers[0].id = pid
+        agent._uninterruptible_state_timeout = 0.0
+        assert compat.uninterruptible_state(agent, agent._worker_group) is None, "off when unset"
+        agent._uninterruptible_state_timeout = 0.3
+        got = None
+        deadline = time.monotonic() + 6
+        while got is None and time.monotonic() < deadline:
+            got = compat.uninterruptible_state(agent, agent._worker_group)
+            time.sleep(0.1)
+        assert got is not None, "a rank in D-state is not reported"
+        assert got.state == agent_api.WorkerState.UNHEALTHY, got
+        assert agent._remaining_restarts == 0, "torch no longer disables restarts"
+    finally:
+        children = f"/proc/{pid}/task/{pid}/children"
+        with contextlib.suppress(OSError), open(children) as f:
+            for child in f.read().split():
+                os.kill(int(child), signal.SIGKILL)
         pc.close()

@@ -25,7 +25,7 @@ import socket
 import subprocess
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, cast
 
 from torch.distributed.elastic.agent.server.api import (
@@ -133,6 +133,31 @@ class _Cycle:
             self.exclude_request = self.exclude_request or event
 
 
+@dataclasses.dataclass
+class _RankPids:
+    """This cycle's rank pids and every earlier cycle's: an event an earlier cycle's rank
+    sent late (drained in the next cycle) must not count there (an early ``first_step``,
+    a rank taken as terminated). The monitor reports the rank's own pid (its socket
+    peer), which is the worker's pid: the NUMA wrapper and the exec shim exec the rank, a
+    warm spare is the rank's process."""
+
+    current: set[int] = dataclasses.field(default_factory=set)
+    earlier: set[int] = dataclasses.field(default_factory=set)
+
+    def new_cycle(self, pids: Iterable[int]) -> None:
+        """The new cycle's workers started with ``pids`` (a reused pid is theirs now)."""
+        self.earlier |= self.current
+        self.current = set(pids)
+        self.earlier -= self.current
+
+    def is_stale(self, pid: int) -> bool:
+        """Whether ``pid`` was an earlier cycle's rank; else it is noted as this cycle's."""
+        if pid in self.earlier:
+            return True
+        self.current.add(pid)
+        return False
+
+
 def _job_key() -> bytes | None:
     """The job key from the environment (kept from the ranks), warning when there is none."""
     try:
@@ -228,6 +253,7 @@ class FtAgent(LocalElasticAgent):
         self._coord: JobCoordinator | None = None
         self._state = JobState()
         self._cycle = _Cycle(number=0, started=time.time(), progress=None)
+        self._rank_pids = _RankPids()
         self._rendezvous_closed = False
         self._stopping = False
         self._next_waiting_check = 0.0
@@ -442,6 +468,7 @@ class FtAgent(LocalElasticAgent):
         self._cycle_started = True
         with spare_handlers(self._spares) as handlers:
             worker_ids: dict[int, Any] = super()._start_workers(worker_group)
+        self._rank_pids.new_cycle(worker_ids.values())
         warm = sorted(h.local_rank_id for h in handlers if h.warm)
         if warm:
             logger.info("local ranks %s started from warm spares", warm)
@@ -471,21 +498,20 @@ class FtAgent(LocalElasticAgent):
         self._shutdown(signal.SIGTERM, math.ceil(self._policy.workers_stop_timeout))
 
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
-        # Ours first: unlike torch's, it never stops the siblings of a failed rank itself
-        # (the decision does, with --workers-stop-timeout), and a rank its monitor
+        # Ours first, then torch's checks (its pid check; from torch 2.13 its D-state
+        # check), those only while every rank runs, as torch runs its D-state check. Not
+        # torch's _monitor_workers as a whole: its _pcontext.wait(0) closes every rank
+        # (SIGTERM, then up to 30 s) once one has failed, inside this tick, before
+        # --workers-stop-timeout, the hang evidence and the decision. Ours never stops the
+        # siblings of a failed rank itself (the decision does), and a rank its monitor
         # terminated has failed whatever its exit code (a SIGTERM handler may exit 0).
-        # While every rank runs, torch's own checks run too (worker pids against the
-        # process context; from torch 2.13 a rank in D-state longer than
-        # TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT). A rank that ends between the two
-        # polls is seen by torch's, which then stops the others itself: ours then reports
-        # what ended.
         result = self._check_workers(worker_group)
         if result.state != WorkerState.HEALTHY:
             return result
-        upstream = compat.upstream_monitor_workers(self, worker_group)
-        if upstream.state in (WorkerState.FAILED, WorkerState.SUCCEEDED):
-            return self._check_workers(worker_group)
-        return upstream
+        torch_says = compat.pid_mismatch(self, worker_group) or compat.uninterruptible_state(
+            self, worker_group
+        )
+        return torch_says if torch_says is not None else result
 
     def _check_workers(self, worker_group: WorkerGroup) -> RunResult:
         """This node's ranks: failed (also those their monitor terminated), running or done."""
@@ -657,6 +683,11 @@ class FtAgent(LocalElasticAgent):
     def _handle_events(self, events: list[MonitorEvent], noticed: float) -> None:
         """Act on the monitors' events; workload control requests are kept on the cycle."""
         for event in events:
+            if self._rank_pids.is_stale(event.pid):
+                logger.debug(
+                    "dropped %s of an earlier cycle's rank (pid %d)", event.event, event.pid
+                )
+                continue
             if event.event == "rank_connected":
                 self._cycle.connected.add(event.local_rank)
                 logger.debug("rank %d (local %d) connected", event.rank, event.local_rank)

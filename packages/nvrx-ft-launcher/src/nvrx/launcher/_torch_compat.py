@@ -26,11 +26,15 @@ release up to the tested range):
   ``subprocess_handlers``, ``error_files`` and ``stderrs``;
 - ``set_remaining_restarts``: ``SimpleElasticAgent._remaining_restarts``, from which
   torch derives ``TORCHELASTIC_RESTART_COUNT``;
-- ``upstream_monitor_workers``: ``LocalElasticAgent._monitor_workers(worker_group)``,
-  called as torch's own check under ours: it compares the workers' pids with
-  ``_pcontext.pids()`` (UNKNOWN on a mismatch), polls ``_pcontext.wait(0)`` and, from
-  torch 2.13, returns UNHEALTHY for a rank in D-state past
-  ``TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT`` (off unless set);
+- ``pid_mismatch``: the check ``LocalElasticAgent._monitor_workers`` makes first, the
+  workers' ``Worker.id`` against ``_pcontext.pids()`` (UNKNOWN on a mismatch), made here
+  as torch makes it (it is inline there, not a method);
+- ``uninterruptible_state``: ``LocalElasticAgent._check_uninterruptible_state_timeout(
+  worker_group, timeout)`` with ``_uninterruptible_state_timeout`` (torch 2.13: UNHEALTHY
+  for a rank in D-state past ``TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT``, off unless
+  set; absent before 2.13). torch's ``_monitor_workers`` itself is not called: its
+  ``_pcontext.wait(0)`` closes every rank (SIGTERM, then up to 30 s) once one has failed,
+  inside our tick, before ``--workers-stop-timeout`` and the decision;
 - ``Store``, ``PrefixStore``: ``torch.distributed``'s classes, imported from
   ``torch._C._distributed_c10d`` for the type checker;
 - the agent's overrides (in ``agent.py``, as a subclass must): ``_rendezvous``,
@@ -53,7 +57,7 @@ import torch
 # torch.distributed exports these very classes at run time, but its type stubs do not
 # re-export them, so mypy sees them only here (the contract test checks they are one).
 from torch._C._distributed_c10d import PrefixStore, Store
-from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup
+from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerState
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.elastic.multiprocessing import api as mp_api
 from torch.distributed.elastic.multiprocessing.api import SubprocessContext
@@ -165,8 +169,31 @@ def set_remaining_restarts(agent: LocalElasticAgent, remaining: int) -> None:
     agent._remaining_restarts = remaining
 
 
-def upstream_monitor_workers(agent: LocalElasticAgent, worker_group: WorkerGroup) -> RunResult:
-    """torch's own ``LocalElasticAgent._monitor_workers`` for ``agent`` (a subclass's override
-    skipped): its pid check, its process poll and (torch 2.13) its D-state check."""
-    result: RunResult = LocalElasticAgent._monitor_workers(agent, worker_group)
+def pid_mismatch(agent: LocalElasticAgent, worker_group: WorkerGroup) -> RunResult | None:
+    """torch's first check in ``_monitor_workers``: UNKNOWN when the workers' pids are not
+    the process context's (logged as torch logs it), else None."""
+    pc: Any = agent._pcontext
+    if pc is None:
+        return None
+    worker_pids = {w.id for w in worker_group.workers}
+    pc_pids = set(pc.pids().values())
+    if worker_pids == pc_pids:
+        return None
+    logger.error(
+        "[%s] worker pids do not match process_context pids. Expected: %s, actual: %s",
+        worker_group.spec.role,
+        worker_pids,
+        pc_pids,
+    )
+    return RunResult(state=WorkerState.UNKNOWN)
+
+
+def uninterruptible_state(agent: LocalElasticAgent, worker_group: WorkerGroup) -> RunResult | None:
+    """torch's D-state check (torch 2.13; None before it, or when its timeout is unset):
+    UNHEALTHY, with restarts disabled as torch does, for a rank in D-state too long."""
+    timeout = getattr(agent, "_uninterruptible_state_timeout", 0)
+    check = getattr(agent, "_check_uninterruptible_state_timeout", None)
+    if check is None or not timeout or timeout <= 0:
+        return None
+    result: RunResult | None = check(worker_group, timeout)
     return result
