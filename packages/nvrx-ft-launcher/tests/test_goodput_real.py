@@ -151,3 +151,31 @@ def test_a_two_node_stop_keeps_the_job_summary(
     records = [json.loads(line) for path in journals for line in path.read_text().splitlines()]
     [job] = [r for r in records if r["event"] == "job_goodput"]
     assert job["summary"]["nodes"] == 2, job
+
+
+@pytest.mark.timeout(150)
+def test_each_cycles_first_step_counts_with_warm_spares(
+    start_launcher: Start, tmp_path: pathlib.Path
+) -> None:
+    """A rank started from a warm spare is the spare's process: its events are the new
+    cycle's (not dropped as an earlier cycle's pid), and cycle 1's first step is its own."""
+    journal = tmp_path / "journal.jsonl"
+    launcher = start_launcher(
+        [
+            "--nproc-per-node",
+            "2",
+            "--max-restarts",
+            "1",
+            "--warm-spares",
+            "--ft-journal",
+            str(journal),
+        ],
+        ["--steps", "6", "--fault", "raise:1:3"],
+    )
+    assert launcher.wait() == ExitCode.SUCCESS, launcher.log()
+    records = [json.loads(line) for line in journal.read_text().splitlines()]
+    started = {r["cycle"]: r for r in records if r["event"] == "workers_started"}
+    assert started[1]["warm_local_ranks"] == [0, 1], started[1]
+    first_steps = [r for r in records if r["event"] == "first_step"]
+    assert [r["cycle"] for r in first_steps] == [0, 1], first_steps
+    assert all(r["first_step"] > started[r["cycle"]]["t"] for r in first_steps), first_steps
