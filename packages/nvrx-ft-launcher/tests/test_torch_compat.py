@@ -242,7 +242,7 @@ _VFORK = """
 import ctypes
 libc = ctypes.CDLL(None)
 if libc.vfork() == 0:
-    libc.sleep(8)
+    libc.sleep(30)
     libc._exit(0)
 """
 
@@ -280,7 +280,7 @@ def test_uninterruptible_state(tmp_path: Any) -> None:
         assert compat.uninterruptible_state(agent, agent._worker_group) is None, "off when unset"
         agent._uninterruptible_state_timeout = 0.3
         got = None
-        deadline = time.monotonic() + 6
+        deadline = time.monotonic() + 20
         while got is None and time.monotonic() < deadline:
             got = compat.uninterruptible_state(agent, agent._worker_group)
             time.sleep(0.1)
