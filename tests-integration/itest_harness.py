@@ -125,7 +125,8 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
 
 
-def _read_jsonl(path: pathlib.Path) -> list[Event]:
+def read_jsonl(path: pathlib.Path) -> list[Event]:
+    """The JSON objects of a JSON-lines file; a torn or bad line is skipped."""
     if not path.exists():
         return []
     events = []
@@ -133,6 +134,27 @@ def _read_jsonl(path: pathlib.Path) -> list[Event]:
         with contextlib.suppress(ValueError):
             events.append(json.loads(line))
     return events
+
+
+def journal_events(path: pathlib.Path, kind: str) -> list[Event]:
+    """The records of one event type in a journal."""
+    return [r for r in read_jsonl(path) if r.get("event") == kind]
+
+
+def wait_for_store(port: int, timeout: float = 120.0) -> None:
+    """Wait until a launcher hosts the rendezvous store on ``port`` of 127.0.0.1.
+
+    Every launcher on 127.0.0.1 may host it and the first to bind does; tests start a
+    node that stays in the job first, as a scheduler's head node would: the store's host
+    leaving ends the rendezvous for everyone.
+    """
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.1)
+    raise AssertionError(f"no rendezvous store on port {port} after {timeout:.0f} s")
 
 
 class LauncherRun:
@@ -181,11 +203,11 @@ class LauncherRun:
 
     def journal(self) -> list[Event]:
         """The JSON lines the training scripts appended to ``<out>/journal.jsonl``."""
-        return _read_jsonl(self.journal_path)
+        return read_jsonl(self.journal_path)
 
     def cycles(self) -> list[Event]:
         """The launcher's cycle log: one record per restart, stop or finish."""
-        return _read_jsonl(self.cycle_log)
+        return read_jsonl(self.cycle_log)
 
     def restarts(self) -> list[Event]:
         """The cycle log's restart records, in order."""

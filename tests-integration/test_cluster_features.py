@@ -11,18 +11,15 @@ Nothing is left behind (the ``launch`` fixture fails the test otherwise).
 
 from __future__ import annotations
 
-import json
 import os
 import pathlib
 import re
 import signal
-import socket
 import time
-from typing import Any
 
 import pytest
 from conftest import Launch
-from itest_harness import HERE, free_port
+from itest_harness import HERE, free_port, journal_events, read_jsonl, wait_for_store
 
 from nvrx.ft import read_cycle_info
 
@@ -30,32 +27,6 @@ CYCLE_RANK = HERE / "scripts" / "cycle_rank.py"
 AFFINITY_RANK = HERE / "scripts" / "affinity_rank.py"
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(300)]
-
-
-def _jsonl(path: pathlib.Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def _events(path: pathlib.Path, kind: str) -> list[dict[str, Any]]:
-    return [r for r in _jsonl(path) if r.get("event") == kind]
-
-
-def _store_up(port: int, timeout: float = 120.0) -> None:
-    """Wait until the first launcher hosts the rendezvous store on ``port``.
-
-    Every launcher on 127.0.0.1 may host it; the first to bind does. The tests start a
-    node that stays in the job first, as a scheduler's head node would: the store's
-    host leaving (as the unhealthy node does) ends the rendezvous for everyone.
-    """
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with socket.socket() as sock:
-            if sock.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.1)
-    raise AssertionError(f"no rendezvous store on port {port} after {timeout:.0f} s")
 
 
 def _rdzv(port: int, nnodes: str, run_id: str) -> list[str]:
@@ -88,16 +59,16 @@ def test_group_ranks_follow_slurm_procid(
             )
         )
         if i == 0:
-            _store_up(port)
+            wait_for_store(port)
         time.sleep(0.2)
     monkeypatch.delenv("SLURM_PROCID")
     for run in runs:
         run.expect_exit(0, 180)
     for i, procid in enumerate(procids):
-        (started,) = _events(tmp_path / f"j{i}.jsonl", "workers_started")
+        (started,) = journal_events(tmp_path / f"j{i}.jsonl", "workers_started")
         assert started["group_rank"] == procid
         assert started["ranks"] == {"0": procid}
-    said = sorted((r["group_rank"], r["rank"]) for r in _jsonl(out_dir / "ranks.jsonl"))
+    said = sorted((r["group_rank"], r["rank"]) for r in read_jsonl(out_dir / "ranks.jsonl"))
     assert said == [(0, 0), (1, 1), (2, 2)]
     # The rendezvous numbered the nodes otherwise (each says so when they differ), so
     # the group ranks above came from the alignment, not from torch's order.
@@ -131,7 +102,7 @@ def test_an_unhealthy_node_never_joins_and_the_job_goes_on(
             )
         )
         if i == 0:
-            _store_up(port)
+            wait_for_store(port)
     sick = launch(
         ["--seconds", "0.5"],
         [
@@ -147,18 +118,18 @@ def test_an_unhealthy_node_never_joins_and_the_job_goes_on(
     sick.expect_exit(3, 120)
     for run in healthy:
         run.expect_exit(0, 180)
-    (unhealthy,) = _events(tmp_path / "sick.jsonl", "node_unhealthy")
+    (unhealthy,) = journal_events(tmp_path / "sick.jsonl", "node_unhealthy")
     assert unhealthy["failures"] == [
         {"check": "storage", "reason": f"{tmp_path / 'scratch-not-mounted'} does not exist"}
     ]
-    assert _events(tmp_path / "sick.jsonl", "workers_started") == []
-    (finished,) = _events(tmp_path / "sick.jsonl", "finished")
+    assert journal_events(tmp_path / "sick.jsonl", "workers_started") == []
+    (finished,) = journal_events(tmp_path / "sick.jsonl", "finished")
     assert finished["exit_code"] == 3
     assert "scratch-not-mounted does not exist" in finished["reason"]
     for i in range(2):
-        (started,) = _events(tmp_path / f"ok{i}.jsonl", "workers_started")
+        (started,) = journal_events(tmp_path / f"ok{i}.jsonl", "workers_started")
         assert started["group_world_size"] == 2
-    assert len(_jsonl(out_dir / "ranks.jsonl")) == 2
+    assert len(read_jsonl(out_dir / "ranks.jsonl")) == 2
 
 
 def test_cycle_info_matches_the_journal_and_logs_survive_sigterm(
@@ -182,7 +153,7 @@ def test_cycle_info_matches_the_journal_and_logs_survive_sigterm(
         nproc=2,
     )
     run.wait_until(
-        lambda: sum(r["cycle"] == 1 for r in _jsonl(out_dir / "ranks.jsonl")) == 2,
+        lambda: sum(r["cycle"] == 1 for r in read_jsonl(out_dir / "ranks.jsonl")) == 2,
         120,
         "both ranks of cycle 1",
     )
@@ -191,11 +162,11 @@ def test_cycle_info_matches_the_journal_and_logs_survive_sigterm(
     run.expect_exit(128 + signal.SIGTERM, 60)
 
     # The journal's account of the two cycles.
-    (decision,) = _events(journal, "decision")
+    (decision,) = journal_events(journal, "decision")
     assert decision["action"] == "restart"
-    (failed,) = _events(journal, "rank_failed")
+    (failed,) = journal_events(journal, "rank_failed")
     assert (failed["rank"], failed["exit_code"]) == (1, 3)
-    starts = _events(journal, "cycle_start")
+    starts = journal_events(journal, "cycle_start")
     assert [s["cycle"] for s in starts] == [0, 1]
 
     # The cycle-info files say the same.
@@ -205,7 +176,7 @@ def test_cycle_info_matches_the_journal_and_logs_survive_sigterm(
     assert second is not None
     assert (first.cycle, first.cause, first.ranks) == (0, None, (0, 1))
     assert first.exit_codes == {1: 3}
-    (stopped,) = _events(journal, "workers_stopped")
+    (stopped,) = journal_events(journal, "workers_stopped")
     assert first.ended_at == stopped["workers_stopped"]
     assert first.started_at == starts[0]["t"]
     assert (second.cycle, second.cause) == (1, decision["reason"])
@@ -217,7 +188,7 @@ def test_cycle_info_matches_the_journal_and_logs_survive_sigterm(
 
     # Each rank read its own cycle's file through NVRX_CURRENT_CYCLE_INFO: the path of
     # that cycle's file (the .current link is for tools outside the job).
-    said = _jsonl(out_dir / "ranks.jsonl")
+    said = read_jsonl(out_dir / "ranks.jsonl")
     assert sorted((r["cycle"], r["cycle_info_env"]) for r in said) == [
         (c, str(cycles / f"cycle_info.job42.0.{c}")) for c in (0, 0, 1, 1)
     ]
@@ -264,23 +235,23 @@ def test_a_node_that_turns_unhealthy_leaves_at_the_restart_and_the_others_go_on(
             )
         )
         if i == 0:
-            _store_up(port)
+            wait_for_store(port)
     nodes[0].wait_until(
-        lambda: len(_jsonl(out_dir / "ranks.jsonl")) == 3, 120, "the first cycle's 3 ranks"
+        lambda: len(read_jsonl(out_dir / "ranks.jsonl")) == 3, 120, "the first cycle's 3 ranks"
     )
     flag.touch()  # node 2's check fails from now on: at the restart rank 0 causes
     nodes[2].expect_exit(3, 120)
     for run in nodes[:2]:
         run.expect_exit(0, 180)
-    (unhealthy,) = _events(tmp_path / "n2.jsonl", "node_unhealthy")
+    (unhealthy,) = journal_events(tmp_path / "n2.jsonl", "node_unhealthy")
     assert unhealthy["cycle"] == 1
     (failure,) = unhealthy["failures"]
     assert failure["check"] == "command"
     assert "exited 1" in failure["reason"]
     for i in range(2):
-        starts = _events(tmp_path / f"n{i}.jsonl", "workers_started")
+        starts = journal_events(tmp_path / f"n{i}.jsonl", "workers_started")
         assert [s["group_world_size"] for s in starts] == [3, 2]
-    second = [r for r in _jsonl(out_dir / "ranks.jsonl") if r["cycle"] == 1]
+    second = [r for r in read_jsonl(out_dir / "ranks.jsonl") if r["cycle"] == 1]
     assert sorted(r["rank"] for r in second) == [0, 1]
 
 
@@ -317,13 +288,14 @@ def test_numa_binding_and_the_gpu_memory_wait_on_a_restart(
     monkeypatch.delenv("NVRX_GPUS_PER_NUMA")
     monkeypatch.delenv("_NVRX_NUMA_NODE_ROOT")
     run.expect_exit(0, 120)
-    bindings = _events(journal, "numa_binding")
+    bindings = journal_events(journal, "numa_binding")
     assert [b["cycle"] for b in bindings] == [0, 1]
     for binding in bindings:
         assert (binding["method"], binding["nodes"]) == ("sched_setaffinity", {"0": 0, "1": 1})
     # What each rank of each cycle could run on, read by the rank itself.
     seen = sorted(
-        (r["cycle"], r["local_rank"], tuple(r["cpus"])) for r in _jsonl(out_dir / "affinity.jsonl")
+        (r["cycle"], r["local_rank"], tuple(r["cpus"]))
+        for r in read_jsonl(out_dir / "affinity.jsonl")
     )
     assert seen == [
         (0, 0, (allowed[0],)),
@@ -335,7 +307,7 @@ def test_numa_binding_and_the_gpu_memory_wait_on_a_restart(
 
     if nvml_reader()[0] is None:  # no NVML (a CPU machine): the memory wait says so once
         assert run.log().count("GPU memory reclaim wait skipped") == 1
-        assert _events(journal, "gpu_memory_reclaim") == []
+        assert journal_events(journal, "gpu_memory_reclaim") == []
 
 
 def test_numa_on_one_node_binds_nothing_and_says_so_once(
@@ -356,7 +328,7 @@ def test_numa_on_one_node_binds_nothing_and_says_so_once(
     monkeypatch.delenv("NVRX_GPUS_PER_NUMA")
     monkeypatch.delenv("_NVRX_NUMA_NODE_ROOT")
     run.expect_exit(0, 120)
-    bindings = _events(journal, "numa_binding")
+    bindings = journal_events(journal, "numa_binding")
     assert [(b["cycle"], b["method"]) for b in bindings] == [(0, "none"), (1, "none")]
     assert bindings[0]["nodes"] == {"0": None, "1": None}
     assert run.log().count("NUMA binding: nothing to bind") == 1

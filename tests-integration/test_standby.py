@@ -14,42 +14,26 @@ its place the same way.
 
 from __future__ import annotations
 
-import json
 import os
 import pathlib
 import signal
-import socket
-import time
-from typing import Any
 
 import pytest
 from conftest import Launch
-from itest_harness import DDP_STEPS, LauncherRun, assert_every_step_once, free_port, wait_for
+from itest_harness import (
+    DDP_STEPS,
+    LauncherRun,
+    assert_every_step_once,
+    free_port,
+    journal_events,
+    read_jsonl,
+    wait_for,
+    wait_for_store,
+)
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(300)]
 
 STEPS = 30
-
-
-def _jsonl(path: pathlib.Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def _events(path: pathlib.Path, kind: str) -> list[dict[str, Any]]:
-    return [r for r in _jsonl(path) if r.get("event") == kind]
-
-
-def _store_up(port: int, timeout: float = 120.0) -> None:
-    """Wait until the first launcher hosts the rendezvous store (it must stay in the job)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with socket.socket() as sock:
-            if sock.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.1)
-    raise AssertionError(f"no rendezvous store on port {port} after {timeout:.0f} s")
 
 
 def _rdzv(port: int) -> list[str]:
@@ -85,11 +69,11 @@ def test_a_standby_replaces_a_killed_node_and_training_goes_on(
             )
         )
         if i == 0:
-            _store_up(port)
+            wait_for_store(port)
     journals = [tmp_path / f"j{i}.jsonl" for i in range(3)]
 
     def active() -> list[int]:
-        return [i for i in range(3) if _events(journals[i], "workers_started")]
+        return [i for i in range(3) if journal_events(journals[i], "workers_started")]
 
     wait_for(lambda: len(active()) == 2, 120, "two nodes started ranks")
     # With spares, later: the survivor's spare should have imported torch by the restart.
@@ -98,9 +82,9 @@ def test_a_standby_replaces_a_killed_node_and_training_goes_on(
     assert 0 in active(), "the store's host (started first) should be an active node"
     (victim,) = [i for i in active() if i != 0]
     (standby,) = [i for i in range(3) if i not in active()]
-    assert _events(journals[0], "decision") == [], "the standby must not restart the job"
-    killed_rank = _events(journals[victim], "workers_started")[0]["group_rank"]
-    killed_node = _jsonl(journals[victim])[0]["node"]
+    assert journal_events(journals[0], "decision") == [], "the standby must not restart the job"
+    killed_rank = journal_events(journals[victim], "workers_started")[0]["group_rank"]
+    killed_node = read_jsonl(journals[victim])[0]["node"]
     os.kill(runs[victim].pid, signal.SIGKILL)
     assert runs[victim].wait(30) == -signal.SIGKILL
 
@@ -108,19 +92,19 @@ def test_a_standby_replaces_a_killed_node_and_training_goes_on(
     runs[standby].expect_exit(0, 60)
 
     # The standby ran nothing in cycle 0, then took the killed node's group rank.
-    (started,) = _events(journals[standby], "workers_started")
+    (started,) = journal_events(journals[standby], "workers_started")
     assert started["cycle"] == 1
     assert started["group_rank"] == killed_rank
     standby_node = started["node"]
     # The survivor kept its group rank and journalled the replacement.
-    ranks0 = [e["group_rank"] for e in _events(journals[0], "workers_started")]
+    ranks0 = [e["group_rank"] for e in journal_events(journals[0], "workers_started")]
     assert ranks0 == [1 - killed_rank] * 2
-    (replaced,) = _events(journals[0], "node_replaced")
+    (replaced,) = journal_events(journals[0], "node_replaced")
     assert replaced["cycle"] == 1
     assert replaced["group_rank"] == killed_rank
     assert replaced["replaced_node"] == killed_node
     assert replaced["by_node"] == standby_node
-    (decision,) = _events(journals[0], "decision")
+    (decision,) = journal_events(journals[0], "decision")
     assert decision["trigger"] == "failure"
     # Same world size after the replacement, and every step ran once.
     journal = runs[0].journal()
@@ -128,7 +112,7 @@ def test_a_standby_replaces_a_killed_node_and_training_goes_on(
     assert worlds == {0: 2, 1: 2}
     assert_every_step_once(journal, STEPS, ranks=(0, 1))
     if spares:  # the survivor's restarted rank came from its warm spare
-        assert _events(journals[0], "workers_started")[1]["warm_local_ranks"] == [0]
+        assert journal_events(journals[0], "workers_started")[1]["warm_local_ranks"] == [0]
 
 
 def test_a_standby_replaces_a_node_unhealthy_at_the_restart(
@@ -152,29 +136,29 @@ def test_a_standby_replaces_a_node_unhealthy_at_the_restart(
             )
         )
         if i == 0:
-            _store_up(port)
+            wait_for_store(port)
     journals = [tmp_path / f"j{i}.jsonl" for i in range(3)]
 
     def active() -> list[int]:
-        return [i for i in range(3) if _events(journals[i], "workers_started")]
+        return [i for i in range(3) if journal_events(journals[i], "workers_started")]
 
     wait_for(lambda: len(active()) == 2, 120, "two nodes started ranks")
     assert 0 in active(), "the store's host (started first) should be an active node"
     (sick,) = [i for i in active() if i != 0]
     (standby,) = [i for i in range(3) if i not in active()]
     flags[sick].write_text("")
-    sick_rank = _events(journals[sick], "workers_started")[0]["group_rank"]
-    sick_node = _jsonl(journals[sick])[0]["node"]
+    sick_rank = journal_events(journals[sick], "workers_started")[0]["group_rank"]
+    sick_node = read_jsonl(journals[sick])[0]["node"]
 
     runs[sick].expect_exit(3, 120)
     runs[0].expect_exit(0, 180)
     runs[standby].expect_exit(0, 60)
-    (unhealthy,) = _events(journals[sick], "node_unhealthy")
+    (unhealthy,) = journal_events(journals[sick], "node_unhealthy")
     assert unhealthy["cycle"] == 1
     assert unhealthy["failures"][0]["check"] == "command"
-    (started,) = _events(journals[standby], "workers_started")
+    (started,) = journal_events(journals[standby], "workers_started")
     assert (started["cycle"], started["group_rank"]) == (1, sick_rank)
-    (replaced,) = _events(journals[0], "node_replaced")
+    (replaced,) = journal_events(journals[0], "node_replaced")
     assert (replaced["replaced_node"], replaced["by_node"]) == (sick_node, started["node"])
     journal = runs[0].journal()
     worlds = {e["attempt"]: e["world"] for e in journal if e["event"] == "start"}
