@@ -254,8 +254,18 @@ def test_excluded_node_leaves_and_the_other_carries_on(start_launcher: Start) ->
         "--rdzv-id", "exclusion", "--local-addr", "127.0.0.1",
     ]  # fmt: skip
     # Cycle 0: the first node alone; cycle 1: both (the second joined); rank 1, on the
-    # second node, then asks to exclude its node.
-    script = ["--steps", "30", "--step-time", "0.05", "--fault", "exclude:1:3:1", "--no-checkpoint"]
+    # second node, then asks to exclude its node. Cycle 0 trains long enough (6 s) for
+    # the second launcher to start and join on a loaded machine: a first node that
+    # finished before would close the store the second is connecting to.
+    script = [
+        "--steps",
+        "120",
+        "--step-time",
+        "0.05",
+        "--fault",
+        "exclude:1:3:1",
+        "--no-checkpoint",
+    ]
     conf = "last_call_timeout=1,is_host="
     first = start_launcher([*common, "--rdzv-conf", conf + "1"], script, name="node0")
     wait_for(lambda: "starting 1 worker" in first.log(), what="the first node to start")
