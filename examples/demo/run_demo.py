@@ -42,9 +42,10 @@ def launcher_command(out: pathlib.Path, args: argparse.Namespace) -> list[str]:
         "--ft-initial-rank-heartbeat-timeout=90",
         f"--ft-rank-heartbeat-timeout={args.heartbeat_timeout}",
         "--workers-stop-timeout=2",
-        # Restarted ranks come from spares that imported torch and Lightning already.
+        # Restarted ranks come from spares that imported torch and Lightning already
+        # (and torch._dynamo, which DDP imports when it wraps the model).
         "--warm-spares",
-        "--warm-spare-preload=torch,lightning",
+        "--warm-spare-preload=torch,torch._dynamo,lightning",
         str(HERE / "train.py"),
         f"--out={out}",
         f"--max-steps={args.max_steps}",
