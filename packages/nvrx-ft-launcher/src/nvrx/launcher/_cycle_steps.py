@@ -32,7 +32,7 @@ from ._events import (
     NumaBinding,
     Recorder,
 )
-from ._gpu_memory import MemoryReading, nvml_reader, wait_for_reclaim
+from ._gpu_memory import GpuMemoryWatch
 from ._group_rank import GroupRankAligner
 from ._node_health import NodeHealth, NodeHealthChecker
 from ._numa import NumaPlan
@@ -64,9 +64,7 @@ class CycleSteps:
         )
         self._health = NodeHealthChecker(options.health) if options.health.any else None
         self._numa = numa
-        self._gpu_read: Callable[[], MemoryReading] | None = None
-        self._gpu_baseline: dict[int, float] | None = None
-        self._gpu_said = False
+        self._gpu = GpuMemoryWatch(options.gpu_memory)
         self.cycle_info: CycleInfoSink | None = None
         if options.cycle_info_dir is not None:
             job_id = cycle_info_job_id(options.cycle_info_job_id, os.environ)
@@ -165,37 +163,11 @@ class CycleSteps:
         )
 
     def _wait_for_gpu_memory(self, cycle: int, *, restart: bool) -> None:
-        if self._gpu_read is None and not self._gpu_said:
-            read, why = nvml_reader()
-            if read is None:
-                self._gpu_said = True
-                logger.info("GPU memory reclaim wait skipped: %s", why)
-                return
-            self._gpu_read = read
-        read = self._gpu_read
-        if read is None:
-            return
-        try:
-            if self._gpu_baseline is None or not restart:
-                self._gpu_baseline = dict(read().used_mb)
-                return
-            settings = self.options.gpu_memory
-            result = wait_for_reclaim(
-                read,
-                self._gpu_baseline,
-                timeout=settings.timeout,
-                tolerance_mb=settings.tolerance_mb,
-                poll_interval=settings.poll_interval,
-            )
-        except Exception as exc:  # NVML trouble never stops a restart
-            logger.warning("GPU memory reclaim wait failed: %r", exc)
+        result = self._gpu.before_start(restart=restart)
+        if result is None:
             return
         if not result.reclaimed:
-            leftover = result.leftover if settings.check_remaining_processes else ()
-            logger.error(
-                "%s; starting the ranks anyway",
-                result.describe() if leftover else result.describe().split("; still")[0],
-            )
+            logger.error("%s; starting the ranks anyway", result.describe())
         else:
             logger.info("%s", result.describe())
         self._recorder.record(
