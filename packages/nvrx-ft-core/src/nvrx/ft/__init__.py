@@ -34,6 +34,17 @@ if TYPE_CHECKING:
         parse_timeouts_state,
         read_timeouts_state_file,
     )
+    from nvrx.ft._straggler_scores import (
+        STRAGGLER_SCORES_ENV,
+        STRAGGLER_SCORES_SCHEMA_VERSION,
+        RankStragglerScores,
+        StragglerReportLike,
+        StragglerScores,
+        publish_straggler_report,
+        read_straggler_scores,
+        straggler_scores_schema_path,
+        write_straggler_scores,
+    )
     from nvrx.ft.client import RankMonitorClient, RankMonitorClientError
     from nvrx.ft.config import (
         CLI_NONE,
@@ -97,6 +108,15 @@ _WHERE = {
     "parse_timeouts_state": "_state",
     "read_timeouts_state_file": "_state",
     "SectionAction": "data",
+    "STRAGGLER_SCORES_ENV": "_straggler_scores",
+    "STRAGGLER_SCORES_SCHEMA_VERSION": "_straggler_scores",
+    "RankStragglerScores": "_straggler_scores",
+    "StragglerReportLike": "_straggler_scores",
+    "StragglerScores": "_straggler_scores",
+    "publish_straggler_report": "_straggler_scores",
+    "read_straggler_scores": "_straggler_scores",
+    "straggler_scores_schema_path": "_straggler_scores",
+    "write_straggler_scores": "_straggler_scores",
     "TimeoutsCalc": "timeouts_calc",
     "TimeoutsCalcError": "timeouts_calc",
 }
@@ -112,6 +132,8 @@ __all__ = [
     "MAX_EVENT_BYTES",
     "MONITOR_SOCKET_ENV",
     "RANK_MONITOR_INIT_TIMEOUT",
+    "STRAGGLER_SCORES_ENV",
+    "STRAGGLER_SCORES_SCHEMA_VERSION",
     "CycleGoodput",
     "CycleInfo",
     "CycleNode",
@@ -126,9 +148,12 @@ __all__ = [
     "RankMonitorClient",
     "RankMonitorClientError",
     "RankMonitorServer",
+    "RankStragglerScores",
     "SectionAction",
     "SectionTimeouts",
     "StackSummary",
+    "StragglerReportLike",
+    "StragglerScores",
     "TimeoutsCalc",
     "TimeoutsCalcError",
     "WorkloadAction",
@@ -143,10 +168,14 @@ __all__ = [
     "monitor_socket_from_env",
     "parse_monitor_event",
     "parse_timeouts_state",
+    "publish_straggler_report",
     "read_cycle_info",
+    "read_straggler_scores",
     "read_timeouts_state_file",
+    "straggler_scores_schema_path",
     "write_cycle_info",
     "write_file_atomically",
+    "write_straggler_scores",
 ]
 
 
