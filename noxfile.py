@@ -194,7 +194,12 @@ def typecheck(session: nox.Session) -> None:
     examples = sorted(p for p in (ROOT / "examples").iterdir() if p.is_dir())
     for folder in [ROOT / "tests-integration", ROOT / "benchmarks", *examples]:
         session.chdir(folder)
-        session.run("mypy", "--config-file", config, ".", env=env)
+        # A folder's scripts/ run as scripts (their own folder first on sys.path), so their
+        # shared modules are top-level imports there.
+        scripts = folder / "scripts"
+        paths = [env["MYPYPATH"], *([str(scripts)] if scripts.is_dir() else [])]
+        folder_env = {**env, "MYPYPATH": os.pathsep.join(paths)}
+        session.run("mypy", "--config-file", config, ".", env=folder_env)
     session.chdir(ROOT)
     session.run("mypy", "--config-file", config, "noxfile.py", "tools", env=env)
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import pathlib
 import sys
@@ -27,25 +26,10 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from _rank_journal import Journal
 
 from nvrx.ft import RankMonitorClient
 from nvrx.straggler import CallableId, Detector
-
-
-class Journal:
-    """One JSON line per event, each appended with a single write."""
-
-    def __init__(self, path: pathlib.Path, **common: Any) -> None:
-        self.path = path
-        self.common = common
-
-    def record(self, event: str, **fields: Any) -> None:
-        line = json.dumps({"event": event, **self.common, **fields, "t": time.time()}) + "\n"
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            os.write(fd, line.encode())
-        finally:
-            os.close(fd)
 
 
 class TrainStepWrapper:

@@ -28,26 +28,11 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from _rank_journal import Journal, write_atomic
 
 from nvrx.ft import RankMonitorClient
 
 SECTIONS = ["setup", "step", "checkpointing"]
-
-
-class Journal:
-    """One JSON line per event, each appended with a single write."""
-
-    def __init__(self, path: pathlib.Path, **common: Any) -> None:
-        self.path = path
-        self.common = common
-
-    def record(self, event: str, **fields: Any) -> None:
-        line = json.dumps({"event": event, **self.common, **fields, "t": time.time()}) + "\n"
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            os.write(fd, line.encode())
-        finally:
-            os.close(fd)
 
 
 def _triple(text: str) -> tuple[int, ...]:
@@ -62,12 +47,6 @@ def _timeouts(client: RankMonitorClient) -> dict[str, Any]:
         "out_of_section": timeouts.out_of_section,
         "calculated_sections": sorted(timeouts.calculated_sections),
     }
-
-
-def _write_atomic(path: pathlib.Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def main() -> int:
@@ -120,7 +99,7 @@ def main() -> int:
         if step % args.checkpoint_every == 0:
             client.start_section("checkpointing")
             if rank == 0:
-                _write_atomic(checkpoint, json.dumps({"step": step}))
+                write_atomic(checkpoint, json.dumps({"step": step}))
             dist.barrier()
             client.end_section("checkpointing")
 
@@ -129,7 +108,7 @@ def main() -> int:
     )
     state = client.state_dict()
     if rank == 0:
-        _write_atomic(state_file, json.dumps(state))
+        write_atomic(state_file, json.dumps(state))
     journal.record("saved", calculated=calculated, state=state, timeouts=_timeouts(client))
     dist.barrier()
     if args.exit_after_save == (rank, attempt):

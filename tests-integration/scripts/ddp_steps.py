@@ -32,10 +32,10 @@ import pathlib
 import signal
 import sys
 import time
-from typing import Any
 
 import torch
 import torch.distributed as dist
+from _rank_journal import Journal, write_atomic
 
 from nvrx.ft import RankMonitorClient
 
@@ -49,28 +49,6 @@ KINDS = (
     "hang_in_section",
     "hang_exiting_0_on_sigterm",
 )
-
-
-class Journal:
-    """Appends JSON lines with one ``write`` each, so ranks never interleave within a line."""
-
-    def __init__(self, path: pathlib.Path, **common: Any) -> None:
-        self.path = path
-        self.common = common
-
-    def record(self, event: str, **fields: Any) -> None:
-        line = json.dumps({"event": event, **self.common, **fields, "t": time.time()}) + "\n"
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            os.write(fd, line.encode())
-        finally:
-            os.close(fd)
-
-
-def write_atomic(path: pathlib.Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def parse_fault(spec: str) -> tuple[str, int, int, str]:

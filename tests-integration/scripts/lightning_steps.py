@@ -13,16 +13,15 @@ RANK just before step STEP in attempt ATTEMPT.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import pathlib
 import signal
 import sys
-import time
 from typing import Any
 
 import torch
+from _rank_journal import append_line
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.strategies import DDPStrategy
@@ -46,12 +45,7 @@ class Journal(Callback):
 
     def record(self, trainer: Trainer, event: str, **fields: Any) -> None:
         body = {"event": event, "rank": trainer.global_rank, "attempt": self.attempt, **fields}
-        line = json.dumps({**body, "t": time.time()}) + "\n"
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            os.write(fd, line.encode())
-        finally:
-            os.close(fd)
+        append_line(self.path, body)
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         client = self.ft.fault_tol_client
