@@ -505,9 +505,10 @@ class FaultToleranceConfig:
     segment: int | None = _field(
         None,
         _optional_positive_int,
-        "NVRx: nodes per NVLink domain for segment-aware rank assignment",
+        "nodes per segment (NVLink domain): the job runs on whole segments only; a lost "
+        "node takes its segment out and a standby segment takes its place (ft_launcher; "
+        "implies --ft-standby-nodes)",
         nullable=True,
-        without_effect="ft_launcher assigns ranks by node order; no NVLink-domain segments",
     )
     numa_bind_strict: bool = _field(
         True,
