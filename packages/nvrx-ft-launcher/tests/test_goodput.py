@@ -219,6 +219,10 @@ def test_every_node_computes_the_same_summary() -> None:
         {"checkpoints": [[1.0]]},
         {"group_ranks": {"a": True}},
         {"start": "yesterday"},
+        {"straggler": [[1.0, 2.0]]},
+        {"straggler": [[2.0, 1.0, 0.5]]},
+        {"straggler": [[1.0, 2.0, 1.5]]},
+        {"straggler": "none"},
     ],
 )
 def test_timeline_from_json_refuses_bad_input(bad: dict[str, Any]) -> None:
@@ -274,6 +278,71 @@ def test_straggler_wait_taken_from_productive_time() -> None:
     g = account(crash_then_finish(), straggler=[StragglerWait(10.0, 80.0, 1.0)])
     assert g.seconds[Phase.STRAGGLER_WAIT] == pytest.approx(40.0)
     assert StragglerWait.from_step_times(0, 1, {}).fraction == 0.0
+
+
+def straggler_report(
+    t: float, start: float, end: float, fraction: float, node: str = "a"
+) -> Record:
+    return rec(
+        "straggler_report",
+        t,
+        "a",
+        cycle=0,
+        written_at=t,
+        window_start=start,
+        window_end=end,
+        wait_fraction=fraction,
+        step_section="train_step",
+        ranks=2,
+        worst_rank=1,
+        worst_score=0.5,
+    )
+
+
+def test_straggler_wait_from_the_journals_straggler_reports() -> None:
+    # 20..40 at 0.25 in cycle 0; 60..85 at 0.5 spans the crash at 80, but the recomputed
+    # work (50..80) and the restart (80..90) are not productive: nothing; 150..160 at 0.1.
+    records = [
+        *crash_then_finish(),
+        straggler_report(40.0, 20.0, 40.0, 0.25),
+        straggler_report(85.0, 60.0, 85.0, 0.5),
+        straggler_report(160.0, 150.0, 160.0, 0.1),
+    ]
+    g = account(records)
+    assert g.seconds[Phase.STRAGGLER_WAIT] == pytest.approx(5.0 + 0.0 + 1.0)
+    assert g.seconds[Phase.PRODUCTIVE] == pytest.approx(140.0 - 6.0)
+    assert sum(g.seconds.values()) == pytest.approx(g.total_s)
+    # the same wait given again to account() is not counted twice
+    again = account(records, straggler=[StragglerWait(20.0, 40.0, 0.25)])
+    assert again.seconds[Phase.STRAGGLER_WAIT] == pytest.approx(6.0)
+    # damaged or partial records add nothing
+    broken = [
+        {**straggler_report(40.0, 20.0, 40.0, 0.25), "wait_fraction": None},
+        {**straggler_report(40.0, 20.0, 40.0, 0.25), "wait_fraction": 1.5},
+        {**straggler_report(40.0, 40.0, 20.0, 0.25)},
+        {**straggler_report(40.0, 20.0, 40.0, 0.25), "window_start": "x"},
+    ]
+    g = account([*crash_then_finish(), *broken])
+    assert g.seconds[Phase.STRAGGLER_WAIT] == 0.0
+    ledger = Ledger()
+    for r in records:
+        ledger.feed(r)
+    assert ledger.summary().seconds[Phase.STRAGGLER_WAIT] == pytest.approx(6.0)
+
+
+def test_straggler_waits_survive_the_nodes_timeline_exchange_and_merge_once() -> None:
+    a, b = two_nodes()
+    a = [*a, straggler_report(30.0, 20.0, 30.0, 0.5)]  # rank 0's node journals the report
+    expected = account(a + b)
+    assert expected.seconds[Phase.STRAGGLER_WAIT] == pytest.approx(5.0)
+    ta, tb = Timeline.from_records(a), Timeline.from_records(b)
+    wire = [Timeline.from_json(json.loads(json.dumps(t.to_json()))) for t in (ta, tb)]
+    assert wire[0].straggler == (StragglerWait(20.0, 30.0, 0.5),)
+    for order in itertools.permutations([*wire, ta]):
+        assert account(Timeline.merge(order)).to_json() == expected.to_json()
+    # a timeline from a launcher without straggler waits still reads
+    old = {k: v for k, v in tb.to_json().items() if k != "straggler"}
+    assert Timeline.from_json(old).straggler == ()
 
 
 def test_fault_during_restart_start_up_is_charged_to_the_restart() -> None:

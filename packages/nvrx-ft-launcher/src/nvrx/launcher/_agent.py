@@ -40,7 +40,7 @@ from torch.distributed.elastic.multiprocessing import LogsSpecs
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
 
-from nvrx.ft import CycleGoodput, MonitorEvent, WorkloadAction
+from nvrx.ft import STRAGGLER_SCORES_ENV, CycleGoodput, MonitorEvent, WorkloadAction
 from nvrx.ft._termination import STACK_DUMP_PAUSE_S
 
 from . import _torch_compat as compat
@@ -65,6 +65,8 @@ from ._events import (
     Restarted,
     RestartFailed,
     StoreValueIgnored,
+    StragglerReported,
+    StragglerReportIgnored,
     WorkersStarted,
     WorkersStopped,
     WorkloadControl,
@@ -77,6 +79,7 @@ from ._progress import check_progress_file, read_progress
 from ._rendezvous import renew_worker_store
 from ._root_cause import process_failure, root_cause
 from ._spares import SparePool, spare_handlers
+from ._straggler_feed import SCORES_FILE_NAME, StragglerFeed
 from ._torch_compat import Store
 from .exit_codes import ExitCode
 from .metrics import NULL_RECORDER, NullRecorder
@@ -273,6 +276,11 @@ class FtAgent(LocalElasticAgent):
             job_key=self._job_key,
         )
         self._steps.install(spec.rdzv_handler)
+        # Rank 0's straggler reports come back through a file in our private directory.
+        self._straggler = StragglerFeed(
+            monitors.runtime_dir / SCORES_FILE_NAME, on_ignored=self._journal_bad_scores
+        )
+        os.environ[STRAGGLER_SCORES_ENV] = self._straggler.path  # the ranks inherit it
 
     # -- goodput -------------------------------------------------------------------
 
@@ -381,6 +389,44 @@ class FtAgent(LocalElasticAgent):
         logger.info("job %s", summary.format())
         self._recorder.record(JobGoodput(summary.to_json()))
         self._metrics.goodput(summary)
+
+    # -- straggler reports -----------------------------------------------------------
+
+    def _read_straggler_scores(self) -> None:
+        """Rank 0's new straggler report: the score gauges, a journal record, the goodput.
+
+        The record (``straggler_report``) carries the report's wait fraction and window,
+        from which the ledger (and the job summary's merge) takes the straggler wait.
+        """
+        scores = self._straggler.poll()
+        if scores is None:
+            return
+        try:
+            for kind in ("relative", "individual"):
+                self._metrics.straggler_scores(scores.scores(kind), kind)
+            wait = self._straggler.wait(scores)
+            worst = scores.worst("relative")
+            self._recorder.record(
+                StragglerReported(
+                    cycle=self._cycle.number,
+                    written_at=scores.written_at,
+                    window_start=None if wait is None else wait.start,
+                    window_end=None if wait is None else wait.end,
+                    wait_fraction=None if wait is None else wait.fraction,
+                    step_section=scores.step_section,
+                    ranks=len(scores.ranks),
+                    worst_rank=None if worst is None else worst[0],
+                    worst_score=None if worst is None else worst[1],
+                )
+            )
+            self._update_goodput_gauges(force=True)
+        except Exception as exc:  # a report for information never stops the job
+            logger.warning("straggler report not recorded: %r", exc)
+
+    def _journal_bad_scores(self, why: str) -> None:
+        self._recorder.record(
+            StragglerReportIgnored(cycle=self._cycle.number, path=self._straggler.path, why=why)
+        )
 
     # -- what the launcher asks after the run ------------------------------------
 
@@ -591,6 +637,7 @@ class FtAgent(LocalElasticAgent):
         self._handle_events(self._monitors.drain_events(), noticed)
         self._maybe_start_spares(wg.spec.local_world_size)
         self._journal_progress()
+        self._read_straggler_scores()
         self._update_goodput_gauges()
         for local_rank, code in sorted(self._monitors.dead().items()):
             served = local_rank in self._cycle.connected

@@ -280,6 +280,42 @@ class ProgressMoved(Event):
 
 
 @dataclasses.dataclass(frozen=True)
+class StragglerReported(Event):
+    """Rank 0 published a straggler report (``NVRX_STRAGGLER_SCORES_FILE``, read once a second).
+
+    The goodput takes ``wait_fraction`` of the productive time in the window as straggler
+    wait; the metrics' ``nvrx_straggler_score`` gauges hold the per-rank scores.
+    """
+
+    EVENT: ClassVar[str] = "straggler_report"
+    cycle: int
+    #: When rank 0 wrote the report (Unix time).
+    written_at: float
+    #: The report's window (Unix times); None where the report did not say.
+    window_start: float | None
+    window_end: float | None
+    #: Share of each step the ranks waited for the slowest: 1 - median / max of the ranks'
+    #: step times (``step_section``); None without step times for two ranks or a window.
+    wait_fraction: float | None
+    step_section: str | None
+    #: Ranks in the report.
+    ranks: int
+    #: The rank with the lowest relative score (GPU where known, else its worst section).
+    worst_rank: int | None
+    worst_score: float | None
+
+
+@dataclasses.dataclass(frozen=True)
+class StragglerReportIgnored(Event):
+    """The straggler-scores file could not be used (journaled once per version of the file)."""
+
+    EVENT: ClassVar[str] = "straggler_report_ignored"
+    cycle: int
+    path: str
+    why: str
+
+
+@dataclasses.dataclass(frozen=True)
 class StoreValueIgnored(Event):
     """A value in the rendezvous store was malformed or not signed with the job key."""
 

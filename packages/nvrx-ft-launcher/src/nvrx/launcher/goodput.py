@@ -25,7 +25,8 @@ The rules (all times are Unix times from the journal):
   since the checkpoint times the measured step time when the iteration history is
   known, otherwise the time since the checkpoint was seen; unknown without checkpoints;
 - straggler wait is the productive time the straggler reports cover, times their wait
-  fraction.
+  fraction (the journal's ``straggler_report`` records, which the launcher writes from
+  the scores rank 0 publishes, plus any :class:`StragglerWait` given to :func:`account`).
 
 Multi-node: each node's records give a :class:`Timeline`; :meth:`Timeline.merge` takes
 each boundary's earliest (fault, noticed) or latest (started, first step, stopped,
@@ -40,13 +41,14 @@ the job summary (``job_goodput``); every node journals its own view (``node_good
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import enum
 import json
 import math
 import sys
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -269,6 +271,8 @@ class Timeline:
     checkpoints: tuple[CheckpointMark, ...] = ()
     #: The group rank of each node in the last cycle it started.
     group_ranks: tuple[tuple[str, int], ...] = ()
+    #: The straggler waits the journal's ``straggler_report`` records measured.
+    straggler: tuple[StragglerWait, ...] = ()
 
     @classmethod
     def from_records(cls, records: Iterable[Mapping[str, Any]]) -> Timeline:
@@ -286,6 +290,7 @@ class Timeline:
         cycles: dict[int, CycleTimes] = {}
         marks: dict[int, float] = {}
         ranks: dict[str, int] = {}
+        waits: set[StragglerWait] = set()
         for tl in timelines:
             nodes.update(tl.nodes)
             start, end = _lo(start, tl.start), _hi(end, tl.end)
@@ -294,6 +299,7 @@ class Timeline:
             for m in tl.checkpoints:
                 marks[m.iteration] = min(marks.get(m.iteration, m.t), m.t)
             ranks.update(tl.group_ranks)
+            waits.update(tl.straggler)
         return cls(
             nodes=tuple(sorted(nodes)),
             start=start,
@@ -301,6 +307,7 @@ class Timeline:
             cycles=tuple(cycles[k] for k in sorted(cycles)),
             checkpoints=tuple(CheckpointMark(t, i) for i, t in sorted(marks.items())),
             group_ranks=tuple(sorted(ranks.items())),
+            straggler=_sorted_waits(waits),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -313,6 +320,7 @@ class Timeline:
             "cycles": [c.to_json() for c in self.cycles],
             "checkpoints": [[m.t, m.iteration] for m in self.checkpoints],
             "group_ranks": dict(self.group_ranks),
+            "straggler": [[w.start, w.end, w.fraction] for w in self.straggler],
         }
 
     @classmethod
@@ -335,6 +343,11 @@ class Timeline:
             raise ValueError("checkpoints is not a list of [t, iteration]")
         if not isinstance(ranks, dict):
             raise ValueError("group_ranks is not an object")
+        waits = data.get("straggler", [])  # absent in timelines of older launchers
+        if not isinstance(waits, list) or not all(
+            isinstance(w, list) and len(w) == 3 for w in waits
+        ):
+            raise ValueError("straggler is not a list of [start, end, fraction]")
         start, end = data.get("start"), data.get("end")
         return cls(
             nodes=tuple(nodes),
@@ -346,7 +359,22 @@ class Timeline:
                 for t, i in marks
             ),
             group_ranks=tuple(sorted((str(k), _int(v, "group rank")) for k, v in ranks.items())),
+            straggler=_sorted_waits(
+                _wait(_time(a, "straggler start"), _time(b, "straggler end"), _time(f, "fraction"))
+                for a, b, f in waits
+            ),
         )
+
+
+def _sorted_waits(waits: Iterable[StragglerWait]) -> tuple[StragglerWait, ...]:
+    return tuple(sorted(set(waits), key=lambda w: (w.start, w.end, w.fraction)))
+
+
+def _wait(start: float, end: float, fraction: float) -> StragglerWait:
+    """A wait from outside (a journal line, another node's timeline); ValueError if impossible."""
+    if end < start or not 0.0 <= fraction <= 1.0:
+        raise ValueError(f"straggler wait [{start}, {end}] x {fraction} is impossible")
+    return StragglerWait(start, end, fraction)
 
 
 def _is_time(value: Any) -> bool:
@@ -388,6 +416,7 @@ def _node_timeline(node: str, records: Sequence[Mapping[str, Any]]) -> Timeline:
     cycles: dict[int, CycleTimes] = {}
     start = end = None
     marks: list[CheckpointMark] = []
+    waits: list[StragglerWait] = []
     group_rank: int | None = None
 
     def update(cycle: int, **changes: Any) -> None:
@@ -404,6 +433,11 @@ def _node_timeline(node: str, records: Sequence[Mapping[str, Any]]) -> Timeline:
             end = _hi(end, t)
         elif kind == "progress" and isinstance(r.get("value"), int):
             marks.append(CheckpointMark(_num(r, "saved", t), int(r["value"])))
+        elif kind == "straggler_report":
+            window = [_opt_num(r, k) for k in ("window_start", "window_end", "wait_fraction")]
+            if None not in window:
+                with contextlib.suppress(ValueError):  # a damaged line adds no wait
+                    waits.append(_wait(*cast("list[float]", window)))
         if not isinstance(cycle, int):
             continue
         evidence = _evidence(r)
@@ -444,6 +478,7 @@ def _node_timeline(node: str, records: Sequence[Mapping[str, Any]]) -> Timeline:
         cycles=tuple(cycles[k] for k in sorted(cycles)),
         checkpoints=tuple(marks),
         group_ranks=() if group_rank is None else ((node, group_rank),),
+        straggler=_sorted_waits(waits),
     )
 
 
@@ -711,7 +746,7 @@ def account(
     if not cycles:
         span(end, Phase.STARTUP)
     wait = 0.0
-    for w in straggler:
+    for w in _sorted_waits([*tl.straggler, *straggler]):
         fraction = min(max(w.fraction, 0.0), 1.0)
         for a, b in productive:
             wait += max(0.0, min(b, w.end) - max(a, w.start)) * fraction

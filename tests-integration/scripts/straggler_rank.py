@@ -1,0 +1,101 @@
+"""A rank for the straggler-feed test: rank 0 publishes a straggler report to its launcher.
+
+Both ranks join a gloo group and gather their step times (rank r: ``0.1 * (r + 1)`` s,
+so the wait fraction is known: ``1 - median / max``). Rank 0 first writes a file the
+launcher must refuse and waits until the launcher journaled ``straggler_report_ignored``;
+then it publishes, through :func:`nvrx.ft.publish_straggler_report`, a report-like object
+with those step times over a window it measured, writes the window to
+``<out>/published.json`` and waits for ``<out>/go`` (the test scrapes the metrics first).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import os
+import pathlib
+import sys
+import time
+from collections.abc import Callable, Mapping
+
+import torch
+import torch.distributed as dist
+
+from nvrx.ft import STRAGGLER_SCORES_ENV, publish_straggler_report
+
+STEP_SECTION = "train_step"
+
+
+@dataclasses.dataclass(frozen=True)
+class Report:
+    """The attribute names of nvrx.straggler.Report that the scores file takes."""
+
+    gpu_relative_perf_scores: Mapping[int, float]
+    gpu_individual_perf_scores: Mapping[int, float]
+    section_relative_perf_scores: Mapping[str, Mapping[int, float]]
+    section_individual_perf_scores: Mapping[str, Mapping[int, float]]
+    rank_to_node: Mapping[int, str]
+    section_median_times: Mapping[str, Mapping[int, float]]
+
+
+def _wait_for(condition: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            print(f"rank 0: gave up waiting for {what}", file=sys.stderr, flush=True)
+            raise SystemExit(4)
+        time.sleep(0.05)
+
+
+def _journaled(journal: pathlib.Path, event: str) -> bool:
+    if not journal.exists():
+        return False
+    return any(
+        f'"event": "{event}"' in line or f'"event":"{event}"' in line
+        for line in journal.read_text(errors="replace").splitlines()
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=pathlib.Path, required=True)
+    parser.add_argument("--journal", type=pathlib.Path, required=True)
+    args = parser.parse_args()
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=180))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    mine = torch.tensor([0.1 * (rank + 1)], dtype=torch.float64)
+    steps = [torch.zeros(1, dtype=torch.float64) for _ in range(world)]
+    start = time.time()
+    dist.all_gather(steps, mine)
+    time.sleep(1.0)
+    end = time.time()
+    if rank == 0:
+        path = os.environ[STRAGGLER_SCORES_ENV]
+        pathlib.Path(path).write_text("not a report")  # the launcher must refuse this one
+        _wait_for(lambda: _journaled(args.journal, "straggler_report_ignored"), "the refusal")
+        step_s = {r: float(t.item()) for r, t in enumerate(steps)}
+        fastest = min(step_s.values())
+        relative = {r: fastest / s for r, s in step_s.items()}
+        report = Report(
+            gpu_relative_perf_scores=relative,
+            gpu_individual_perf_scores=dict.fromkeys(step_s, 0.9),
+            section_relative_perf_scores={STEP_SECTION: relative},
+            section_individual_perf_scores={},
+            rank_to_node=dict.fromkeys(step_s, "localhost"),
+            section_median_times={STEP_SECTION: {r: s * 1000.0 for r, s in step_s.items()}},
+        )
+        ok = publish_straggler_report(
+            report, window_start=start, window_end=end, step_section=STEP_SECTION
+        )
+        published = {"ok": ok, "path": path, "start": start, "end": end, "step_s": step_s}
+        (args.out / "published.json").write_text(json.dumps(published))
+        _wait_for(lambda: (args.out / "go").exists(), "the test's go")
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
