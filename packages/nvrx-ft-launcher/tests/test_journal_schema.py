@@ -151,6 +151,7 @@ def test_every_event_type_is_in_the_schema_and_its_records_validate(
     recorder.record(_events.NodeUnhealthy(0, [{"check": "nic", "reason": "mlx5_0 DOWN"}], []))
     recorder.record(_events.GpuMemoryReclaim(1, False, 50.0, {0: 900.0}, {0: 0.0}, []))
     recorder.record(_events.NumaBinding(0, "none", False, {0: None}, "one NUMA node"))
+    recorder.record(_events.SegmentLeft("nvl-7", "1 of its 2 nodes did not come back", ["n"]))
     validator = _validator("journal")
     for line in _lines(tmp_path / "j"):
         validator.validate(line)
@@ -160,4 +161,5 @@ def test_every_event_type_is_in_the_schema_and_its_records_validate(
         "node_unhealthy",
         "gpu_memory_reclaim",
         "numa_binding",
+        "segment_left",
     ]

@@ -180,6 +180,23 @@ class NodeReplaced(Event):
 
 
 @dataclasses.dataclass(frozen=True)
+class SegmentLeft(Event):
+    """This node's segment lost a node: it leaves the job (exit 3) with its segment.
+
+    --ft-segment: a job runs on whole segments only; a complete standby segment takes
+    the broken one's place at the restart.
+    """
+
+    EVENT: ClassVar[str] = "segment_left"
+    #: The segment (NVLink domain id, or NVRX_SEGMENT_ID).
+    segment: str
+    #: Why, e.g. "1 of its 2 nodes did not come back to the restart".
+    reason: str
+    #: The segment's nodes that did come back (host:pid:random), this one included.
+    nodes: list[str]
+
+
+@dataclasses.dataclass(frozen=True)
 class GpuMemoryReclaim(Event):
     """After a cycle's ranks stopped, before the next start: did the GPU memory come back."""
 
