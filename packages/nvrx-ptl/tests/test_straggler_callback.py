@@ -3,16 +3,27 @@
 from __future__ import annotations
 
 import csv
+import itertools
 import logging
 import math
 import re
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 from lightning.pytorch.loggers import CSVLogger
 
+from nvrx.ft import (
+    STRAGGLER_SCORES_ENV,
+    StragglerScores,
+    publish_straggler_report,
+    read_straggler_scores,
+)
+from nvrx.ft import _straggler_scores as straggler_scores_module
 from nvrx.ptl import StragglerDetectionCallback
+from nvrx.ptl import straggler_detection_callback as callback_module
 from nvrx.ptl.straggler_scores import format_rank_scores, score_summary
 from nvrx.straggler import Detector
 
@@ -112,6 +123,67 @@ def test_single_process_logs_section_scores_to_csv(
     assert not callback.initialized
     assert not Detector.initialized
     assert "training_step" not in vars(trainer.strategy), "the strategy is left as it was"  # type: ignore[attr-defined]
+
+
+@pytest.mark.timeout(120)
+def test_rank_zero_publishes_each_report_for_ft_launcher(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "straggler_scores.json"
+    monkeypatch.setenv(STRAGGLER_SCORES_ENV, str(path))
+    written: list[StragglerScores] = []
+    real_write = straggler_scores_module.write_straggler_scores
+
+    def spy(where: object, scores: StragglerScores) -> None:
+        written.append(scores)
+        real_write(where, scores)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(straggler_scores_module, "write_straggler_scores", spy)
+    callback = StragglerDetectionCallback(
+        report_time_interval=0.2, section_individual_perf_threshold=0.0
+    )
+    before = time.time()
+    tiny_fit(tmp_path, [callback], max_steps=1500)
+    assert len(written) >= 2, "one file per report"
+    got = read_straggler_scores(path)
+    assert got == written[-1]
+    assert got.step_section == "train_step"
+    [rank0] = got.ranks
+    assert rank0.rank == 0
+    assert rank0.section_relative == 1.0
+    assert rank0.step_s is not None
+    assert 0 < rank0.step_s < 1
+    assert got.window_start is not None
+    assert got.window_end is not None
+    assert before <= written[0].window_start < got.window_end <= time.time()  # type: ignore[operator]
+    for earlier, later in itertools.pairwise(written):  # windows follow each other
+        assert later.window_start == earlier.window_end
+
+
+@pytest.mark.timeout(120)
+def test_a_failed_publish_warns_once_and_training_carries_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(straggler_scores_module, "_warned", False)
+    monkeypatch.setenv(STRAGGLER_SCORES_ENV, str(tmp_path / "no-such-dir" / "scores.json"))
+    calls: list[bool] = []
+    real_publish = publish_straggler_report
+
+    def counted(*args: Any, **kwargs: Any) -> bool:
+        calls.append(real_publish(*args, **kwargs))
+        return calls[-1]
+
+    monkeypatch.setattr(callback_module, "publish_straggler_report", counted)
+    callback = StragglerDetectionCallback(
+        report_time_interval=0.2, section_individual_perf_threshold=0.0
+    )
+    with caplog.at_level(logging.DEBUG, logger="nvrx.ft.straggler_scores"):
+        trainer = tiny_fit(tmp_path, [callback], max_steps=1500)
+    assert trainer.global_step == 1500  # type: ignore[attr-defined]
+    assert len(calls) >= 2, "a report each interval"
+    assert not any(calls), "each failed"
+    levels = [r.levelno for r in caplog.records if r.name == "nvrx.ft.straggler_scores"]
+    assert levels == [logging.WARNING] + [logging.DEBUG] * (len(calls) - 1)
 
 
 @pytest.mark.slow

@@ -140,3 +140,36 @@ def test_sections_exception_policy_shuts_the_workload_down(tmp_path: Path, procs
     assert exceptions
     assert all(p["open"] == [] for p in exceptions), exceptions
     assert flag.exists()
+
+
+@pytest.mark.timeout(300)
+def test_straggler_reports_reach_the_launchers_journal_and_goodput(
+    tmp_path: Path, procs: Procs
+) -> None:
+    """Rank 0's real Detector reports go to ft_launcher: journaled, worst rank named."""
+    journal = tmp_path / "journal.jsonl"
+    cfg = _cfg(
+        tmp_path,
+        callbacks=["straggler"],
+        max_steps=150,
+        ckpt_every=1000,
+        step_sleep=0.01,
+        slow_rank=1,
+        slow_sleep=0.04,
+        straggler={"report_time_interval": 1.0, "num_gpu_perf_scores_to_print": 0},
+    )
+    rc, out = run_ft_launcher(procs, cfg, ["--max-restarts=0", f"--ft-journal={journal}"])
+    assert rc == 0, out
+    records = [json.loads(line) for line in journal.read_text().splitlines()]
+    reports = [r for r in records if r["event"] == "straggler_report"]
+    assert reports, out
+    assert not [r for r in records if r["event"] == "straggler_report_ignored"]
+    for report in reports:
+        assert report["ranks"] == 2
+        assert report["step_section"] == "train_step"
+        assert report["worst_rank"] == 1, report  # its forward pass sleeps 40 ms more
+        assert report["worst_score"] < 0.7, report
+        assert 0.0 <= report["wait_fraction"] < 1.0, report
+        assert report["window_start"] < report["window_end"], report
+    [summary] = [r["summary"] for r in records if r["event"] == "job_goodput"]
+    assert summary["seconds"]["straggler_wait"] >= 0.0

@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterable, Mapping
 from contextlib import AbstractContextManager
 from typing import Any
 
+from nvrx.ft import publish_straggler_report
 from nvrx.straggler import Detector, Report, SustainedSlowdownRule
 
 from ._compat import Callback, LightningModule, Trainer, save_last_checkpoint
@@ -42,6 +43,12 @@ class StragglerDetectionCallback(Callback):
     ``report_time_interval`` seconds the ranks' scores are gathered on rank 0, which
     logs the stragglers and a table of the worst ranks and sends min/median/max of
     each score to the Trainer's loggers.
+
+    Under ``ft_launcher`` rank 0 also hands each full report to its launcher
+    (:func:`nvrx.ft.publish_straggler_report`, once per report, never raising), which
+    serves the per-rank scores as ``nvrx_straggler_score`` and counts the time the
+    ranks waited for the slowest one (from the ``train_step`` medians) as straggler
+    wait in its goodput.
 
     Scores run from 0 to 1 (1: as fast as the reference; 0.5: twice as slow). GPU
     scores need CUPTI (``nvrx-straggler[cupti]``) and a GPU; section scores work
@@ -201,6 +208,8 @@ class StragglerDetectionCallback(Callback):
         self._rank = 0
         self._is_rank0 = True
         self._told_no_gpu_scores = False
+        #: When the current report window began (wall time), for the launcher's goodput.
+        self._window_start: float | None = None
 
     # -- logging -----------------------------------------------------------------------------
 
@@ -301,6 +310,7 @@ class StragglerDetectionCallback(Callback):
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """Log the restart cycle's metrics (once per fit)."""
+        self._window_start = time.time()
         report_cycle_metrics(self, trainer, pl_module, self._log0)
 
     def on_train_batch_start(
@@ -339,6 +349,8 @@ class StragglerDetectionCallback(Callback):
         scores: dict[str, float] = {}
         if report is not None and (trainer.is_global_zero or not self.gather_on_rank0):
             found, scores = self._handle_report(report)
+            if trainer.is_global_zero and self.gather_on_rank0:
+                self._publish(report)
         may_stop = self.stop_if_detected or self.stop_if_sustained_straggler
         if may_stop or self.enable_ptl_logging:
             verdict = share_verdict(trainer, found, scores)  # a collective: every rank
@@ -443,6 +455,17 @@ class StragglerDetectionCallback(Callback):
             )
         )
         return stop, self._summary(score_sets) if self.enable_ptl_logging else {}
+
+    def _publish(self, report: Report) -> None:
+        """Hand the full report to ft_launcher, if it asked (a file write; never raises).
+
+        A failure is one WARNING from ``nvrx.ft.straggler_scores``; training carries on.
+        """
+        now = time.time()
+        start, self._window_start = self._window_start, now
+        publish_straggler_report(
+            report, window_start=start, window_end=now, step_section=STEP_SECTION
+        )
 
     def _score_sets(self, report: Report) -> list[tuple[str, str, Mapping[int, float]]]:
         """Every score kind of the report: (display title, metric prefix, scores)."""
