@@ -147,7 +147,7 @@ def test_rank_zero_publishes_each_report_for_ft_launcher(
     assert len(written) >= 2, "one file per report"
     got = read_straggler_scores(path)
     assert got == written[-1]
-    assert got.step_section == "train_step"
+    assert got.step_section == "SingleDeviceStrategy.training_step"  # the forward pass
     [rank0] = got.ranks
     assert rank0.rank == 0
     assert rank0.section_relative == 1.0

@@ -166,10 +166,12 @@ def test_straggler_reports_reach_the_launchers_journal_and_goodput(
     assert not [r for r in records if r["event"] == "straggler_report_ignored"]
     for report in reports:
         assert report["ranks"] == 2
-        assert report["step_section"] == "train_step"
+        assert report["step_section"] == "DDPStrategy.training_step"
         assert report["worst_rank"] == 1, report  # its forward pass sleeps 40 ms more
         assert report["worst_score"] < 0.7, report
-        assert 0.0 <= report["wait_fraction"] < 1.0, report
+        # forward ~12 ms against ~52 ms: 1 - 32 / 52 ~ 0.4 (rank 0 waits ~40 of ~60 ms)
+        assert 0.2 < report["wait_fraction"] < 0.6, report
         assert report["window_start"] < report["window_end"], report
     [summary] = [r["summary"] for r in records if r["event"] == "job_goodput"]
-    assert summary["seconds"]["straggler_wait"] >= 0.0
+    seconds = summary["seconds"]
+    assert 0.1 * seconds["productive"] < seconds["straggler_wait"] < seconds["productive"]

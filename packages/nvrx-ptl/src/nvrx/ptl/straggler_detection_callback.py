@@ -47,8 +47,10 @@ class StragglerDetectionCallback(Callback):
     Under ``ft_launcher`` rank 0 also hands each full report to its launcher
     (:func:`nvrx.ft.publish_straggler_report`, once per report, never raising), which
     serves the per-rank scores as ``nvrx_straggler_score`` and counts the time the
-    ranks waited for the slowest one (from the ``train_step`` medians) as straggler
-    wait in its goodput.
+    ranks waited for the slowest one as straggler wait in its goodput: ``1 - median /
+    max`` of the ranks' forward-pass medians (the whole steps are equally long under
+    data-parallel training, where the fast ranks wait inside the gradient all-reduce),
+    an upper bound that is exact when the slow rank is slow throughout its step.
 
     Scores run from 0 to 1 (1: as fast as the reference; 0.5: twice as slow). GPU
     scores need CUPTI (``nvrx-straggler[cupti]``) and a GPU; section scores work
@@ -210,6 +212,8 @@ class StragglerDetectionCallback(Callback):
         self._told_no_gpu_scores = False
         #: When the current report window began (wall time), for the launcher's goodput.
         self._window_start: float | None = None
+        #: The section timing the strategy's training_step (the forward pass).
+        self._forward_section: str | None = None
 
     # -- logging -----------------------------------------------------------------------------
 
@@ -270,6 +274,7 @@ class StragglerDetectionCallback(Callback):
         strategy = trainer.strategy
         original = strategy.training_step
         name = f"{type(strategy).__name__}.training_step"
+        self._forward_section = name
 
         @functools.wraps(original)
         def timed(*args: Any, **kwargs: Any) -> Any:
@@ -459,12 +464,17 @@ class StragglerDetectionCallback(Callback):
     def _publish(self, report: Report) -> None:
         """Hand the full report to ft_launcher, if it asked (a file write; never raises).
 
+        Its step times are the forward pass's: see the class doc on the straggler wait.
+
         A failure is one WARNING from ``nvrx.ft.straggler_scores``; training carries on.
         """
         now = time.time()
         start, self._window_start = self._window_start, now
         publish_straggler_report(
-            report, window_start=start, window_end=now, step_section=STEP_SECTION
+            report,
+            window_start=start,
+            window_end=now,
+            step_section=self._forward_section or STEP_SECTION,
         )
 
     def _score_sets(self, report: Report) -> list[tuple[str, str, Mapping[int, float]]]:
