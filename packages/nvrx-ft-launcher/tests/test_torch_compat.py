@@ -122,6 +122,14 @@ def test_leave_rendezvous() -> None:
     compat.leave_rendezvous(handler, timeout_s=5.0)  # leaving a round never joined is fine
 
 
+def test_rendezvous_store() -> None:
+    handler = _handler()
+    store = compat.rendezvous_store(handler)
+    assert store is not None, "DynamicRendezvousHandler._store is gone or not a Store"
+    store.set("contract/key", "v")  # the base store: no round prefix
+    assert handler._store.get("contract/key") == b"v"
+
+
 def test_subprocess_handler_factory() -> None:
     assert callable(getattr(mp_api, "get_subprocess_handler", None)), (
         "multiprocessing.api.get_subprocess_handler is gone"

@@ -18,6 +18,7 @@ from nvrx.ft import FaultToleranceConfig
 
 from ._node_health import HealthSettings
 from ._numa import GPUS_PER_NUMA_ENV, machine_plan, numactl_refusal, parse_gpus_per_numa
+from ._segments import SegmentSettings
 
 __all__: list[str] = []
 
@@ -46,6 +47,8 @@ class ClusterOptions:
     applog_prefix: str | None = None
     #: --ft-standby-nodes: of --nnodes=MIN:MAX, MIN nodes run the job and the rest wait.
     standby_nodes: bool = False
+    #: --ft-segment: whole segments only (implies standby_nodes); None: off.
+    segments: SegmentSettings | None = None
 
 
 def _storage_paths(text: str | None) -> tuple[str, ...]:

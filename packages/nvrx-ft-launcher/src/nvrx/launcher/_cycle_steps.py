@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
-from torch.distributed.elastic.rendezvous import RendezvousHandler
+from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousInfo
 from torch.distributed.elastic.rendezvous.static_tcp_rendezvous import StaticTCPRendezvous
 
 from nvrx.ft import CycleGoodput
@@ -31,15 +32,23 @@ from ._events import (
     NodeUnhealthy,
     NumaBinding,
     Recorder,
+    SegmentLeft,
 )
 from ._gpu_memory import GpuMemoryWatch
 from ._group_rank import GroupRankAligner
 from ._node_health import NodeHealth, NodeHealthChecker
 from ._numa import NumaPlan
+from ._segment_gate import SegmentGate, SegmentLeave, hosts_store
+from ._torch_compat import leave_rendezvous, rendezvous_store
+from .exit_codes import ExitCode
 
 __all__: list[str] = []
 
 logger = logging.getLogger("nvrx.launcher")
+
+#: How long a store host of a broken segment stays after the job ended (the others'
+#: leave barrier, a few store calls).
+_HOST_GRACE_S = 3.0
 
 
 class CycleSteps:
@@ -59,8 +68,20 @@ class CycleSteps:
         self.options = options
         self._recorder = recorder
         self._node_id = node_id
+        segments = options.segments
+        self.gate = (
+            None
+            if segments is None
+            else SegmentGate(segments, node_id, os.environ, key=job_key, run_id=run_id)
+        )
         self.aligner = GroupRankAligner(
-            os.environ, node_id, stable=options.standby_nodes, key=job_key, run_id=run_id
+            os.environ,
+            node_id,
+            stable=options.standby_nodes,
+            key=job_key,
+            run_id=run_id,
+            segment_size=None if segments is None else segments.size,
+            place=None if self.gate is None else self._place,
         )
         self._health = NodeHealthChecker(options.health) if options.health.any else None
         self._numa = numa
@@ -80,9 +101,87 @@ class CycleSteps:
             self.cycle_info.export(os.environ)  # the ranks inherit the launcher's environment
 
     def install(self, handler: RendezvousHandler) -> None:
-        """Scheduler-aligned group ranks, except where the user gave them (static)."""
+        """The segment gate, then scheduler-aligned group ranks (not where the user gave them)."""
+        if self.gate is not None:
+            self._install_gate(handler, self.gate)
         if not isinstance(handler, StaticTCPRendezvous):
             self.aligner.install(handler)
+        if self.gate is not None:
+            self._install_round_record(handler, self.gate)
+
+    def _place(self) -> tuple[int, str] | None:
+        gate = self.gate
+        if gate is None or gate.place is None or gate.segment is None:
+            return None
+        return gate.place, gate.segment
+
+    def _install_gate(self, handler: RendezvousHandler, gate: SegmentGate) -> None:
+        """Before torch's join: wait until this node's segment runs; leave if it broke."""
+        store = rendezvous_store(handler)
+        if store is None:  # refused at start-up (c10d/etcd-v2 only); never silently mixed
+            raise RuntimeError("--ft-segment needs the dynamic rendezvous' store")
+        original = handler.next_rendezvous
+
+        def next_rendezvous() -> RendezvousInfo:
+            try:
+                admitted = gate.admit(handler, store)  # False: the job ended; torch says so
+            except SegmentLeave as exc:
+                self._segment_left(handler, exc)
+            if admitted and not self.aligner.nodes:
+                # New to the job's rounds (a standby segment): the round it joins says
+                # whose places it takes (node_replaced), as a returning node's would.
+                self.aligner.nodes = gate.last_round(store)
+            return original()
+
+        handler.next_rendezvous = next_rendezvous  # type: ignore[method-assign]
+
+    def _install_round_record(self, handler: RendezvousHandler, gate: SegmentGate) -> None:
+        """After each round, group rank 0 records its nodes for the next one's newcomers."""
+        store = rendezvous_store(handler)
+        original = handler.next_rendezvous
+
+        def next_rendezvous() -> RendezvousInfo:
+            info = original()
+            if store is not None and info.rank == 0 and self.aligner.nodes:
+                try:
+                    gate.record_round(store, self.aligner.nodes)
+                except RuntimeError as exc:  # the store's error: only node_replaced lacks it
+                    logger.warning("could not record the round's nodes: %s", exc)
+            return info
+
+        handler.next_rendezvous = next_rendezvous  # type: ignore[method-assign]
+
+    def _segment_left(self, handler: RendezvousHandler, exc: SegmentLeave) -> NoReturn:
+        from ._agent import LauncherExit  # the agent imports this module
+
+        logger.error(
+            "segment %s broke and this node leaves the job with it: %s (nodes back: %s)",
+            exc.segment.name,
+            exc.reason,
+            ", ".join(exc.nodes),
+        )
+        self._recorder.record(
+            SegmentLeft(segment=exc.segment.name, reason=exc.reason, nodes=list(exc.nodes))
+        )
+        try:  # the round it was in forms again without it
+            leave_rendezvous(handler, timeout_s=10.0)
+        except Exception as err:  # best effort: torch's keep-alive expiry is the fallback
+            logger.warning("could not leave the rendezvous promptly: %s", err)
+        store = rendezvous_store(handler)
+        if store is not None and hosts_store(store):
+            # The job's store lives in this process: leaving now would end the job.
+            logger.warning(
+                "this node hosts the rendezvous store: it stays, outside every round, "
+                "until the job ends, then exits %d",
+                int(ExitCode.NODE_EXCLUDED),
+            )
+            while not handler.is_closed():
+                time.sleep(1.0)
+            time.sleep(_HOST_GRACE_S)  # the others' last store calls (leave barrier)
+        raise LauncherExit(
+            int(ExitCode.NODE_EXCLUDED),
+            f"segment {exc.segment.name} broke: {exc.reason}",
+        )
 
     def feed(self, record: dict[str, Any]) -> None:
         """One journal record (the cycle-info file follows the journal)."""

@@ -25,12 +25,13 @@ import dataclasses
 import json
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 
 from torch.distributed.elastic.rendezvous import RendezvousError, RendezvousHandler, RendezvousInfo
 
 from ._job_key import sign, verify
+from ._segments import whole_segments
 from ._torch_compat import Store
 
 __all__: list[str] = []
@@ -144,28 +145,47 @@ def replacements(
     ]
 
 
-def _published(mine: InfraKey, node: str, previous: int | None) -> str:
+def _published(mine: InfraKey, node: str, previous: int | None, segment: str | None = None) -> str:
     data: dict[str, object] = {"tier": mine.tier, "index": mine.index, "node": node}
     if previous is not None:
         data["prev"] = previous
+    if segment is not None:
+        data["segment"] = segment
     return json.dumps(data)
 
 
-def _parse_published(text: bytes | str) -> tuple[InfraKey, str, int | None]:
-    """A node's published key, id and previous group rank; ValueError for anything else."""
+@dataclasses.dataclass(frozen=True)
+class _Published:
+    """What one node published for the round."""
+
+    key: InfraKey
+    node: str
+    previous: int | None
+    segment: str | None = None
+
+
+def _node_id(value: object, what: str) -> str:
+    if not isinstance(value, str) or not 0 < len(value) <= 255 or not value.isprintable():
+        raise ValueError(f"not a {what}: {value!r}")
+    return value
+
+
+def _parse_published(text: bytes | str) -> _Published:
+    """A node's published key, id, previous group rank and segment; ValueError otherwise."""
     try:
         data = json.loads(text)
     except ValueError:
         raise ValueError(f"not an infra rank key: {text!r}") from None
     if not isinstance(data, dict) or "node" not in data:
         raise ValueError(f"not an infra rank key: {text!r}")
-    node = data.pop("node")
-    if not isinstance(node, str) or not 0 < len(node) <= 255 or not node.isprintable():
-        raise ValueError(f"not a node id: {node!r}")
+    node = _node_id(data.pop("node"), "node id")
     prev = data.pop("prev", None)
     if prev is not None and (type(prev) is not int or not 0 <= prev <= _MAX_INDEX):
         raise ValueError(f"not a previous group rank: {prev!r}")
-    return InfraKey.from_json(json.dumps(data)), node, prev
+    segment = data.pop("segment", None)
+    if segment is not None:
+        segment = _node_id(segment, "segment name")
+    return _Published(InfraKey.from_json(json.dumps(data)), node, prev, segment)
 
 
 def _context(run_id: str, name: str) -> str:
@@ -196,9 +216,7 @@ def _unseal(key: bytes | None, run_id: str, name: str, raw: bytes | str) -> str:
     return body
 
 
-def _gather(
-    store: Store, world_size: int, key: bytes | None, run_id: str
-) -> list[tuple[InfraKey, str, int | None]]:
+def _gather(store: Store, world_size: int, key: bytes | None, run_id: str) -> list[_Published]:
     """Every node's published key and id (torch's rank 0 only: one wait, one multi_get)."""
     names = [f"{_KEY}{r}" for r in range(world_size)]
     store.wait(names, timedelta(seconds=_WAIT_S))
@@ -210,8 +228,12 @@ def _gather(
             # A value nobody of this job wrote: that node will not find itself in the
             # result, and its round fails (RendezvousError) instead of running twice.
             logger.warning("ignoring the group rank key of rendezvous rank %d: %s", r, exc)
-            found.append((InfraKey(2, r), f"rendezvous-rank-{r}", None))
+            found.append(_Published(InfraKey(2, r), f"rendezvous-rank-{r}", None))
     return found
+
+
+class _RoundRefused(Exception):
+    """Torch's rank 0 refused the round (signed): every node fails it at once."""
 
 
 def _parse_result(
@@ -226,6 +248,8 @@ def _parse_result(
         data = json.loads(body)
     except ValueError:
         raise ValueError("group ranks: not JSON") from None
+    if isinstance(data, dict) and isinstance(data.get("error"), str):
+        raise _RoundRefused(data["error"])
     nodes = data.get("nodes") if isinstance(data, dict) else None
     if not isinstance(nodes, list) or len(nodes) != world_size:
         raise ValueError(f"group ranks: not a list of {world_size} nodes")
@@ -259,6 +283,8 @@ def _align(
     stable: bool = False,
     key: bytes | None = None,
     run_id: str = "",
+    segment: str | None = None,
+    segment_size: int | None = None,
 ) -> tuple[int, tuple[tuple[str, int], ...]]:
     """This node's aligned group rank, and (node id, group rank) of every node.
 
@@ -268,17 +294,27 @@ def _align(
     checks (:func:`_parse_result`): O(1) store operations per node. A value that does
     not check is waited past until the round's deadline, then the round fails with
     RendezvousError: never a rank of this node's own choosing, which could duplicate one.
+
+    With ``segment_size`` (``--ft-segment``) each node also publishes its ``segment`` and
+    torch's rank 0 refuses a round that is not whole segments (signed, so every node
+    fails the round at once with the reason).
     """
     name = f"{_KEY}{torch_rank}"
     deadline = time.monotonic() + _WAIT_S
     try:
-        store.set(name, _seal(key, run_id, name, _published(mine, node, previous)))
+        store.set(name, _seal(key, run_id, name, _published(mine, node, previous, segment)))
         if torch_rank == 0:
             found = _gather(store, world_size, key, run_id)
-            keys = [k for k, _, _ in found]
-            prev = [p for _, _, p in found]
+            keys = [p.key for p in found]
+            prev = [p.previous for p in found]
             ranks = stable_ranks(keys, prev) if stable else aligned_ranks(keys)
-            body = json.dumps({"nodes": [[n, ranks[r]] for r, (_, n, _) in enumerate(found)]})
+            refusal = None
+            if segment_size is not None:
+                refusal = whole_segments([p.segment for p in found], segment_size)
+            if refusal is not None:
+                body = json.dumps({"error": refusal})
+            else:
+                body = json.dumps({"nodes": [[p.node, ranks[r]] for r, p in enumerate(found)]})
             store.set(_RESULT, _seal(key, run_id, _RESULT, body))
         said = False
         while True:
@@ -287,6 +323,8 @@ def _align(
             try:
                 body = _unseal(key, run_id, _RESULT, store.get(_RESULT))
                 return _parse_result(body, world_size, torch_rank, node)
+            except _RoundRefused as exc:
+                raise RendezvousError(f"torch's rank 0 refused the round: {exc}") from None
             except ValueError as exc:
                 if left <= 0:
                     raise RendezvousError(
@@ -316,8 +354,14 @@ class GroupRankAligner:
         stable: bool = False,
         key: bytes | None = None,
         run_id: str = "",
+        segment_size: int | None = None,
+        place: Callable[[], tuple[int, str] | None] | None = None,
     ) -> None:
         self._env = env
+        #: --ft-segment: this node's place among the active nodes and its segment, from
+        #: the segment gate; torch's rank 0 checks the round is whole segments.
+        self._segment_size = segment_size
+        self._place = place
         self._node = node
         #: Standby nodes: keep group ranks across rounds.
         self._stable = stable
@@ -352,7 +396,8 @@ class GroupRankAligner:
                         "(TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, or the etcd backend)"
                     )
                 return info
-            mine = infra_key(self._env, info.rank)
+            placed = None if self._place is None else self._place()
+            mine = infra_key(self._env, info.rank) if placed is None else InfraKey(0, placed[0])
             before = self.nodes
             rank, self.nodes = _align(
                 info.store,
@@ -364,6 +409,8 @@ class GroupRankAligner:
                 stable=self._stable,
                 key=self._key,
                 run_id=self._run_id,
+                segment=None if placed is None else placed[1],
+                segment_size=self._segment_size,
             )
             self._rank = rank
             if self._stable and len(before) > 1:
@@ -374,7 +421,9 @@ class GroupRankAligner:
                 logger.info(
                     "group rank %d (from %s; the rendezvous numbered this node %d)",
                     rank,
-                    ("SLURM_PROCID", "GROUP_RANK", "the rendezvous order")[mine.tier],
+                    "the segment gate"
+                    if placed is not None
+                    else ("SLURM_PROCID", "GROUP_RANK", "the rendezvous order")[mine.tier],
                     info.rank,
                 )
             bootstrap = info.bootstrap_store_info

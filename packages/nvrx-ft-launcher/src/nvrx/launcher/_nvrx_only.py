@@ -64,7 +64,10 @@ _STORAGE = (
     "ft_launcher does not query Lustre/NFS health; storage_healthcheck_path "
     "(--ft-storage-healthcheck-path) checks that given paths are reachable and writable"
 )
-_SEGMENTS = "ft_launcher has no NVLink-domain segments (no segment health decisions)"
+_SEGMENTS = (
+    "ft_launcher has no scheduler segment-health exchange (--ft-segment's segments "
+    "leave the job when one of their nodes is lost)"
+)
 
 #: Every NVRx 0.7 launcher option without a counterpart here (FT config fields excluded).
 NVRX_ONLY_OPTIONS: tuple[NvrxOnlyOption, ...] = (
@@ -117,10 +120,9 @@ NVRX_ONLY_OPTIONS: tuple[NvrxOnlyOption, ...] = (
         alias_of="--ft-storage-healthcheck-path",
     ),
     NvrxOnlyOption(_spellings("ft-segment-health-check-dir"), _SEGMENTS),
-    NvrxOnlyOption(
-        _spellings("ft-segment"),
-        "ft_launcher assigns ranks by node order; there are no NVLink-domain segments",
-    ),
+    # The FT config field's option takes effect (whole segments, _segments.py); this
+    # entry only adds NVRx's other spelling, --ft_segment, as its alias.
+    NvrxOnlyOption(_spellings("ft-segment"), "", alias_of="--ft-segment"),
 )
 
 #: NVRx environment variables that change nothing here, and why (logged once when set).

@@ -20,6 +20,8 @@ release up to the tested range):
   ``_bootstrap_store_info``, recreated by the next rendezvous when None;
 - ``leave_rendezvous``: ``DynamicRendezvousHandler._stop_heartbeats()``,
   ``_op_executor.run(op, deadline)`` and ``_RendezvousExitOp``;
+- ``rendezvous_store``: ``DynamicRendezvousHandler._store``, the rendezvous' base store
+  (c10d: the TCPStore every node reaches; the rounds' stores are prefixes of it);
 - ``subprocess_handler_factory``: ``multiprocessing.api.get_subprocess_handler``, a
   module global ``SubprocessContext`` calls per rank, and ``SubprocessHandler._popen``;
 - ``worker_processes``: ``LocalElasticAgent._pcontext``, a ``SubprocessContext`` with
@@ -137,6 +139,14 @@ def leave_rendezvous(handler: RendezvousHandler, timeout_s: float) -> None:
         return
     handler._stop_heartbeats()
     handler._op_executor.run(dynamic_rendezvous._RendezvousExitOp(), time.monotonic() + timeout_s)
+
+
+def rendezvous_store(handler: RendezvousHandler) -> Store | None:
+    """The dynamic rendezvous' base store (shared by every round), or None."""
+    if not isinstance(handler, dynamic_rendezvous.DynamicRendezvousHandler):
+        return None
+    store = getattr(handler, "_store", None)
+    return store if isinstance(store, Store) else None
 
 
 @contextlib.contextmanager

@@ -671,6 +671,8 @@ def _cluster_settings(
         cluster = cluster_options(args, cfg)
     except ValueError as exc:
         parser.error(str(exc))
+    if cfg.segment is not None:  # --ft-segment (an FT config field, as in NVRx)
+        cluster = _with_segments(cfg.segment, cluster, config, parser)
     if cluster.standby_nodes:
         _check_standby(config, parser)
     if args.ft_use_infra_group_rank is False:
@@ -699,6 +701,35 @@ def _cluster_settings(
             local_ranks_filter={int(r) for r in filtered.split(",")} if filtered else None,
         )
     return cluster
+
+
+def _with_segments(
+    size: int, cluster: ClusterOptions, config: LaunchConfig, parser: argparse.ArgumentParser
+) -> ClusterOptions:
+    """--ft-segment checked at start-up: c10d, MIN a multiple of N, this node's segment id."""
+    from ._segment_id import node_segment_id
+    from ._segments import SegmentSettings
+
+    if config.rdzv_backend != "c10d":
+        parser.error(
+            f"argument --ft-segment: needs --rdzv-backend c10d (the segment gate uses its "
+            f"store), not {config.rdzv_backend!r}"
+        )
+    if config.min_nodes % size != 0:
+        parser.error(
+            f"argument --ft-segment: {size} does not divide the --nnodes minimum "
+            f"{config.min_nodes} (a job runs on whole segments only)"
+        )
+    try:
+        segment_id, source = node_segment_id(os.environ)
+    except ValueError as exc:
+        parser.error(f"argument --ft-segment={size}: {exc}")
+    logger.info("segment id %s (from %s), segments of %d nodes", segment_id, source, size)
+    return dataclasses.replace(
+        cluster,
+        standby_nodes=True,
+        segments=SegmentSettings(size, config.min_nodes, config.max_nodes, segment_id),
+    )
 
 
 def _check_standby(config: LaunchConfig, parser: argparse.ArgumentParser) -> None:

@@ -1,0 +1,348 @@
+"""The segment gate: before torch's join, only the nodes of the elected segments go on.
+
+``--ft-segment=N``. Each start and restart of the job is an *epoch* of the gate, in the
+rendezvous' own store (the base store, under ``nvrx.launcher/segments/<run id>/``):
+
+1. a node comes to the gate: the nodes active in the last epoch *open* the next one
+   (``<e>/open``); the others (standbys, late nodes) wait until it is open;
+2. each node says it is here: ``<e>/count`` (add) gives it an index ``i`` and it writes
+   ``<e>/n/<i>`` (its id, segment id and scheduler order), signed with the job key;
+3. a node that sees enough (every MAX node here, or every node of the last active
+   segments back, or the settle window, torch's ``last_call_timeout``, passed) runs
+   :func:`~._segments.elect`; the first to win ``<e>/elector`` (add) writes
+   ``<e>/result``, signed, and counts ``elected`` up;
+4. every node reads the result: an active node calls torch's join, a standby waits for
+   the next epoch (never inside a round), a node of a broken segment leaves the job.
+
+So torch's rounds only ever hold the elected segments; torch's rank 0 checks it again
+(:mod:`._group_rank`). Store operations per node and epoch: a few adds and sets, one
+read of the result; the elector reads each node's key once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import time
+from collections.abc import Mapping, Sequence
+from datetime import timedelta
+
+from torch.distributed.elastic.rendezvous import RendezvousHandler
+from torch.distributed.elastic.rendezvous.api import RendezvousTimeoutError
+
+from ._group_rank import InfraKey, _seal, _unseal, infra_key
+from ._segments import Election, Member, Segment, SegmentSettings, elect
+from ._torch_compat import Store
+
+__all__: list[str] = []
+
+logger = logging.getLogger("nvrx.launcher")
+
+_POLL_S = 0.1
+_CLOSED_CHECK_S = 1.0
+_MAX_INDEX = 10**7
+#: The first nodes to come to an epoch elect (the others only read the result): the
+#: first at once, the next ones later, should it die before writing the result.
+_ELECTORS = 3
+_ELECTOR_STAGGER_S = 2.0
+
+
+class SegmentLeave(Exception):
+    """This node's segment broke (lost a node): this node leaves the job."""
+
+    def __init__(self, segment: Segment, reason: str, nodes: list[str]) -> None:
+        super().__init__(f"segment {segment.name}: {reason}")
+        self.segment = segment
+        self.reason = reason
+        #: The segment's nodes that came back, this one included.
+        self.nodes = nodes
+
+
+def _presence(member: Member) -> str:
+    return json.dumps(
+        {
+            "node": member.node,
+            "domain": member.domain,
+            "tier": member.key.tier,
+            "index": member.key.index,
+        }
+    )
+
+
+def _parse_presence(text: str) -> Member:
+    data = json.loads(text)
+    if not isinstance(data, dict) or set(data) != {"node", "domain", "tier", "index"}:
+        raise ValueError("not a segment gate key")
+    node, domain = data["node"], data["domain"]
+    for value in (node, domain):
+        if not isinstance(value, str) or not 0 < len(value) <= 255 or not value.isprintable():
+            raise ValueError(f"not a node or segment id: {value!r}")
+    key = InfraKey.from_json(json.dumps({"tier": data["tier"], "index": data["index"]}))
+    return Member(node, domain, key)
+
+
+class SegmentGate:
+    """One node's side of the gate; remembers the epoch it was last active in."""
+
+    def __init__(
+        self,
+        settings: SegmentSettings,
+        node: str,
+        env: Mapping[str, str],
+        *,
+        key: bytes | None = None,
+        run_id: str = "",
+    ) -> None:
+        self.settings = settings
+        self._node = node
+        self._env = env
+        self._key = key
+        self._run_id = run_id
+        self._prefix = f"nvrx.launcher/segments/{run_id}/"
+        #: The epoch this node was last active in (None: never yet).
+        self.epoch: int | None = None
+        #: This node's place among the active nodes (its group-rank order) and segment.
+        self.place: int | None = None
+        self.segment: str | None = None
+        self._elections: dict[int, Election] = {}
+        #: Each epoch's keys read so far (index -> member, None: not usable).
+        self._seen: dict[tuple[int, int], Member | None] = {}
+        self._said_standby = -1
+
+    # -- store keys ----------------------------------------------------------------
+
+    def _k(self, name: str) -> str:
+        return self._prefix + name
+
+    def _read(self, store: Store, name: str) -> str:
+        return _unseal(self._key, self._run_id, self._k(name), store.get(self._k(name)))
+
+    def _write(self, store: Store, name: str, body: str) -> None:
+        store.set(self._k(name), _seal(self._key, self._run_id, self._k(name), body))
+
+    def _count(self, store: Store, name: str, by: int = 0) -> int:
+        return int(store.add(self._k(name), by))
+
+    def _election(self, store: Store, epoch: int) -> Election | None:
+        if epoch in self._elections:
+            return self._elections[epoch]
+        name = f"{epoch}/result"
+        if not store.check([self._k(name)]):
+            return None
+        try:
+            election = Election.from_json(self._read(store, name), self.settings.size)
+        except ValueError as exc:
+            logger.warning("ignoring the segment election of epoch %d: %s", epoch, exc)
+            return None
+        if election.epoch != epoch:
+            logger.warning(
+                "ignoring a segment election for epoch %d under %d", election.epoch, epoch
+            )
+            return None
+        self._elections[epoch] = election
+        return election
+
+    def _present(self, store: Store, epoch: int) -> list[Member]:
+        found: dict[str, Member] = {}
+        for i in range(min(self._count(store, f"{epoch}/count"), _MAX_INDEX)):
+            name = f"{epoch}/n/{i}"
+            if (epoch, i) not in self._seen:
+                if not store.check([self._k(name)]):
+                    continue  # counted, not written yet
+                try:
+                    self._seen[epoch, i] = _parse_presence(self._read(store, name))
+                except ValueError as exc:
+                    logger.warning("ignoring segment gate key %s: %s", name, exc)
+                    self._seen[epoch, i] = None
+            member = self._seen[epoch, i]
+            if member is not None:
+                found.setdefault(member.node, member)
+        return list(found.values())
+
+    # -- the last round, for node_replaced ------------------------------------------
+
+    def record_round(self, store: Store, nodes: Sequence[tuple[str, int]]) -> None:
+        """Group rank 0 writes the round's (node, group rank) list for the next segment."""
+        self._write(store, "last_round", json.dumps([[n, r] for n, r in nodes]))
+
+    def last_round(self, store: Store) -> tuple[tuple[str, int], ...]:
+        """The last round's (node, group rank) list; empty if none or not valid."""
+        if not store.check([self._k("last_round")]):
+            return ()
+        try:
+            data = json.loads(self._read(store, "last_round"))
+        except ValueError as exc:
+            logger.warning("ignoring the last round's node list: %s", exc)
+            return ()
+        if not isinstance(data, list) or not all(
+            isinstance(e, list) and len(e) == 2 and isinstance(e[0], str) and type(e[1]) is int
+            for e in data
+        ):
+            logger.warning("ignoring the last round's node list: not [[node, rank], ...]")
+            return ()
+        return tuple((e[0], e[1]) for e in data)
+
+    # -- the gate ------------------------------------------------------------------
+
+    def admit(self, handler: RendezvousHandler, store: Store) -> bool:
+        """Wait until this node's segment is elected to run; False if the job ended.
+
+        Raises SegmentLeave when this node's segment broke, and RendezvousTimeoutError
+        when an open epoch finds too few complete segments within torch's join timeout.
+        """
+        was_active = self.epoch is not None
+        epoch = (self.epoch + 1) if self.epoch is not None else self._count(store, "elected")
+        while True:
+            election = self._outcome(handler, store, epoch, opener=was_active)
+            if election is None:
+                return False
+            active = election.active_nodes()
+            if self._node in active:
+                self.epoch = epoch
+                self.place = active.index(self._node)
+                seg = election.segment_of(self._node)
+                self.segment = None if seg is None else seg.name
+                logger.info(
+                    "segment %s runs (epoch %d): active segments %s",
+                    self.segment,
+                    epoch,
+                    ", ".join(election.active),
+                )
+                return True
+            seg = election.segment_of(self._node)
+            if seg is not None and seg in election.broken:
+                back = self._back(store, epoch, seg)
+                missing = len(seg.members) - len(back)
+                raise SegmentLeave(
+                    seg,
+                    f"{missing} of its {len(seg.members)} nodes did not come back within "
+                    f"the settle window; its other nodes leave the job",
+                    back,
+                )
+            if was_active:
+                name = "none" if seg is None else seg.name
+                raise SegmentLeave(
+                    seg or Segment(name, self.settings.segment_id, (self._node,)),
+                    f"this node came back after epoch {epoch} was elected without it",
+                    [self._node],
+                )
+            if self._said_standby != epoch:
+                self._said_standby = epoch
+                logger.info(
+                    "standby (epoch %d, segment %s): active segments %s",
+                    epoch,
+                    "not formed yet" if seg is None else seg.name,
+                    ", ".join(election.active),
+                )
+            epoch += 1
+
+    def _back(self, store: Store, epoch: int, seg: Segment) -> list[str]:
+        here = {m.node for m in self._present(store, epoch)}
+        return [n for n in seg.members if n in here]
+
+    def _outcome(
+        self, handler: RendezvousHandler, store: Store, epoch: int, *, opener: bool
+    ) -> Election | None:
+        """Epoch ``epoch``'s election (taking part once it is open); None if the job ended."""
+        settle = _timeout(handler, "last_call", 30.0)
+        join = _timeout(handler, "join", 600.0)
+        if opener:
+            self._count(store, f"{epoch}/open", 1)
+        opened_at: float | None = None
+        index = -1
+        next_closed_check = 0.0
+        while True:
+            election = self._election(store, epoch)
+            if election is not None:
+                return election
+            now = time.monotonic()
+            if opened_at is None and (epoch == 0 or self._count(store, f"{epoch}/open") > 0):
+                opened_at = now
+                index = self._count(store, f"{epoch}/count", 1) - 1
+                mine = infra_key(self._env, index)
+                member = Member(self._node, self.settings.segment_id, mine)
+                self._write(store, f"{epoch}/n/{index}", _presence(member))
+            if opened_at is not None:
+                waited = now - opened_at
+                if index < _ELECTORS and waited >= index * _ELECTOR_STAGGER_S:
+                    self._try_elect(store, epoch, settled=waited >= settle)
+                if now - opened_at > join:
+                    raise RendezvousTimeoutError(
+                        f"--ft-segment={self.settings.size}: fewer than "
+                        f"{self.settings.min_nodes // self.settings.size} complete segments "
+                        f"came to the rendezvous within {join:g} s"
+                    )
+            if now >= next_closed_check:
+                next_closed_check = now + _CLOSED_CHECK_S
+                if handler.is_closed():
+                    return None
+            time.sleep(_POLL_S)
+
+    def _try_elect(self, store: Store, epoch: int, *, settled: bool) -> None:
+        present = self._present(store, epoch)
+        previous = self._election(store, epoch - 1) if epoch > 0 else None
+        everyone = len(present) >= self.settings.max_nodes
+        back = {m.node for m in present}
+        prev_back = previous is not None and set(previous.active_nodes()) <= back
+        if not (everyone or settled or prev_back):
+            return
+        size = self.settings.size
+        election = elect(
+            epoch,
+            present,
+            previous,
+            size,
+            self.settings.min_nodes // size,
+            settled=settled or everyone,
+        )
+        if election is None or self._count(store, f"{epoch}/elector", 1) != 1:
+            return
+        self._write(store, f"{epoch}/result", election.to_json())
+        self._count(store, "elected", 1)
+        logger.info(
+            "segment election, epoch %d: active %s, broken %s",
+            epoch,
+            ", ".join(election.active),
+            ", ".join(s.name for s in election.broken) or "none",
+        )
+
+
+def hosts_store(store: Store) -> bool:
+    """Whether this process serves ``store`` (a TCPStore listening on its port here).
+
+    Torch's c10d backend hosts the rendezvous store in one launcher; a node of a broken
+    segment that hosts it must stay up until the job ends. Linux: /proc/net/tcp{,6}.
+    """
+    port = getattr(store, "port", None)
+    if not isinstance(port, int):
+        return False
+    inodes = set()
+    try:
+        for fd in os.listdir("/proc/self/fd"):
+            with contextlib.suppress(OSError):
+                link = os.readlink(f"/proc/self/fd/{fd}")
+                if link.startswith("socket:["):
+                    inodes.add(link[8:-1])
+    except OSError:
+        return False
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table, encoding="ascii") as lines:
+                next(lines, None)  # the header
+                for line in lines:
+                    fields = line.split()
+                    if len(fields) < 10 or fields[3] != "0A":  # 0A: LISTEN
+                        continue
+                    if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[9] in inodes:
+                        return True
+        except (OSError, ValueError):
+            continue
+    return False
+
+
+def _timeout(handler: RendezvousHandler, name: str, default: float) -> float:
+    settings = getattr(handler, "settings", None)
+    value = getattr(getattr(settings, "timeout", None), name, None)
+    return value.total_seconds() if isinstance(value, timedelta) else default

@@ -1,0 +1,507 @@
+"""--ft-segment: which segments run (pure), the round check, the segment id, the gate.
+
+The gate runs for real: several SegmentGates in threads over one TCPStore on 127.0.0.1,
+each with its own torch c10d rendezvous handler (for its timeouts and is_closed).
+"""
+
+from __future__ import annotations
+
+import datetime
+import threading
+import time
+import types
+import uuid
+from typing import Any
+
+import pytest
+import torch.distributed
+from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+from torch.distributed.elastic.rendezvous.api import RendezvousTimeoutError
+from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+
+from nvrx.launcher._group_rank import InfraKey, _align
+from nvrx.launcher._segment_gate import SegmentGate, SegmentLeave
+from nvrx.launcher._segment_id import (
+    SEGMENT_ID_ENV,
+    node_segment_id,
+    nvml_cluster_uuid,
+    parse_segment_id,
+)
+from nvrx.launcher._segments import (
+    Election,
+    Member,
+    Segment,
+    SegmentSettings,
+    elect,
+    whole_segments,
+)
+
+pytestmark = pytest.mark.timeout(60)
+
+dist: Any = torch.distributed
+
+
+def _m(node: str, domain: str, index: int) -> Member:
+    return Member(node, domain, InfraKey(1, index))
+
+
+# -- election (pure) ------------------------------------------------------------------
+
+
+def test_first_start_takes_whole_segments_in_scheduler_order() -> None:
+    present = [_m("b1", "B", 3), _m("a0", "A", 0), _m("b0", "B", 2), _m("a1", "A", 1)]
+    got = elect(0, present, None, size=2, need=1, settled=True)
+    assert got is not None
+    assert got.active == ("A#0",)
+    assert got.active_nodes() == ["a0", "a1"]
+    assert {s.name: s.members for s in got.segments} == {"A#0": ("a0", "a1"), "B#0": ("b0", "b1")}
+    assert got.broken == ()
+
+
+def test_too_few_complete_segments_elect_nothing() -> None:
+    present = [_m("a0", "A", 0), _m("b0", "B", 2), _m("b1", "C", 3)]
+    assert elect(0, present, None, size=2, need=1, settled=True) is None
+
+
+def test_a_domain_of_more_nodes_is_cut_into_segments_and_the_rest_waits() -> None:
+    present = [_m(f"n{i}", "rack", i) for i in range(5)]
+    got = elect(0, present, None, size=2, need=2, settled=True)
+    assert got is not None
+    assert got.active == ("rack#0", "rack#1")
+    assert got.active_nodes() == ["n0", "n1", "n2", "n3"]
+    assert got.segment_of("n4") is None  # waits for another node of its domain
+
+
+def test_returning_active_segments_come_first_then_scheduler_order() -> None:
+    first = Election(
+        0,
+        (Segment("A#0", "A", ("a0", "a1")), Segment("B#0", "B", ("b0", "b1"))),
+        ("B#0",),
+    )
+    present = [_m("a0", "A", 0), _m("a1", "A", 1), _m("b0", "B", 2), _m("b1", "B", 3)]
+    got = elect(1, present, first, size=2, need=1, settled=True)
+    assert got is not None
+    assert got.active == ("B#0",)  # was active: kept although A orders first
+
+
+def test_a_node_lost_breaks_its_segment_and_a_standby_takes_its_place() -> None:
+    first = Election(
+        0,
+        (Segment("A#0", "A", ("a0", "a1")), Segment("B#0", "B", ("b0", "b1"))),
+        ("A#0",),
+    )
+    present = [_m("a1", "A", 1), _m("b0", "B", 2), _m("b1", "B", 3)]
+    assert elect(1, present, first, size=2, need=1, settled=False) is not None  # B is whole
+    got = elect(1, present, first, size=2, need=1, settled=True)
+    assert got is not None
+    assert got.active == ("B#0",)
+    assert [s.name for s in got.broken] == ["A#0"]
+    assert [s.name for s in got.segments] == ["B#0"]
+    assert got.segment_of("a1") == Segment("A#0", "A", ("a0", "a1"))
+
+
+def test_before_the_settle_window_nothing_breaks() -> None:
+    first = Election(
+        0,
+        (Segment("A#0", "A", ("a0", "a1")), Segment("B#0", "B", ("b0", "b1"))),
+        ("A#0",),
+    )
+    # Every active node back, a standby half here: the fast election changes nothing.
+    present = [_m("a0", "A", 0), _m("a1", "A", 1), _m("b0", "B", 2)]
+    got = elect(1, present, first, size=2, need=1, settled=False)
+    assert got is not None
+    assert got.active == ("A#0",)
+    assert got.broken == ()
+    assert [s.name for s in got.segments] == ["A#0", "B#0"]
+
+
+def test_a_fully_absent_standby_segment_is_kept_not_broken() -> None:
+    first = Election(
+        0,
+        (Segment("A#0", "A", ("a0", "a1")), Segment("B#0", "B", ("b0", "b1"))),
+        ("A#0",),
+    )
+    got = elect(1, [_m("a0", "A", 0), _m("a1", "A", 1)], first, size=2, need=1, settled=True)
+    assert got is not None
+    assert got.broken == ()
+    assert [s.name for s in got.segments] == ["A#0", "B#0"]
+
+
+def test_election_json_round_trip_and_refusals() -> None:
+    got = elect(0, [_m("a0", "A", 0), _m("a1", "A", 1)], None, size=2, need=1, settled=True)
+    assert got is not None
+    assert Election.from_json(got.to_json(), 2) == got
+    bad = [
+        "not json",
+        '{"epoch": 0}',
+        '{"epoch": -1, "segments": [], "active": [], "broken": []}',
+        '{"epoch": 0, "segments": [], "active": ["A#0"], "broken": []}',
+        '{"epoch": 0, "segments": [{"name": "A#0", "domain": "A", "members": ["x"]}],'
+        ' "active": [], "broken": []}',
+        '{"epoch": 0, "segments": [{"name": "A#0", "domain": "A", "members": ["x", "x"]}],'
+        ' "active": [], "broken": []}',
+    ]
+    for text in bad:
+        with pytest.raises(ValueError, match="segment election"):
+            Election.from_json(text, 2)
+
+
+def test_whole_segments_check() -> None:
+    assert whole_segments(["A#0", "A#0", "B#0", "B#0"], 2) is None
+    assert "A#0 with 1" in str(whole_segments(["A#0", "B#0", "B#0"], 2))
+    assert "no segment" in str(whole_segments(["A#0", None], 2))
+
+
+# -- the round check in the group-rank exchange ---------------------------------------
+
+
+def _store() -> Any:
+    return dist.TCPStore(
+        "127.0.0.1",
+        0,
+        is_master=True,
+        wait_for_workers=False,
+        timeout=datetime.timedelta(seconds=20),
+    )
+
+
+def _client(server: Any) -> Any:
+    """One node's own connection to the store (a blocking wait holds its connection)."""
+    return dist.TCPStore(
+        "127.0.0.1", server.port, is_master=False, timeout=datetime.timedelta(seconds=20)
+    )
+
+
+def test_torch_rank_0_refuses_a_round_that_is_not_whole_segments() -> None:
+    server = _store()
+    stores = [_client(server) for _ in range(2)]
+    segments = ["A#0", "B#0"]  # one node of each: mixed
+    errors: list[BaseException] = []
+
+    def node(rank: int) -> None:
+        try:
+            _align(
+                stores[rank],
+                rank,
+                2,
+                InfraKey(0, rank),
+                f"n{rank}",
+                segment=segments[rank],
+                segment_size=2,
+            )
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=node, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert len(errors) == 2, errors
+    assert all("not whole segments of 2 nodes" in str(e) for e in errors), errors
+    assert all("A#0 with 1, B#0 with 1" in str(e) for e in errors), errors
+
+
+def test_a_whole_segment_round_gets_its_ranks() -> None:
+    server = _store()
+    stores = [_client(server) for _ in range(2)]
+    out: dict[int, int] = {}
+
+    def node(rank: int) -> None:
+        out[rank] = _align(
+            stores[rank], rank, 2, InfraKey(0, 1 - rank), f"n{rank}", segment="A#0", segment_size=2
+        )[0]
+
+    threads = [threading.Thread(target=node, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert out == {0: 1, 1: 0}  # the gate's place orders the group ranks
+
+
+# -- segment id -----------------------------------------------------------------------
+
+
+def test_segment_id_from_the_environment() -> None:
+    assert node_segment_id({SEGMENT_ID_ENV: " rack-7 "}) == ("rack-7", SEGMENT_ID_ENV)
+    for bad in ("", "a b", "x#1", "é", "x" * 129):
+        with pytest.raises(ValueError, match=SEGMENT_ID_ENV):
+            parse_segment_id(bad)
+
+
+def test_no_segment_id_says_why() -> None:
+    def no_nvml() -> str:
+        raise ValueError("NVML is not available: no library")
+
+    with pytest.raises(ValueError, match="no segment id: NVRX_SEGMENT_ID is not set and NVML"):
+        node_segment_id({}, no_nvml)
+
+
+def _fake_nvml(uuids: list[bytes | None]) -> Any:
+    """pynvml's shape for nvml_cluster_uuid (NVML itself does not run on this machine)."""
+
+    def info(handle: int) -> Any:
+        raw = uuids[handle]
+        if raw is None:
+            raise RuntimeError("Not Supported")
+        return types.SimpleNamespace(clusterUuid=raw)
+
+    return types.SimpleNamespace(
+        nvmlDeviceGetCount=lambda: len(uuids),
+        nvmlDeviceGetHandleByIndex=lambda i: i,
+        nvmlDeviceGetGpuFabricInfo=info,
+    )
+
+
+def test_cluster_uuid_of_the_gpus() -> None:
+    one = uuid.uuid4().bytes
+    assert nvml_cluster_uuid(_fake_nvml([one, one])) == str(uuid.UUID(bytes=one))
+    with pytest.raises(ValueError, match="2 NVLink domains"):
+        nvml_cluster_uuid(_fake_nvml([one, uuid.uuid4().bytes]))
+    with pytest.raises(ValueError, match="no NVLink domain"):
+        nvml_cluster_uuid(_fake_nvml([bytes(16)]))
+    with pytest.raises(ValueError, match="no NVLink fabric info"):
+        nvml_cluster_uuid(_fake_nvml([None]))
+    with pytest.raises(ValueError, match="no GPU"):
+        nvml_cluster_uuid(_fake_nvml([]))
+
+
+@pytest.mark.gpu
+def test_the_real_nvml_gives_an_id_or_a_reason() -> None:
+    from nvrx.launcher._segment_id import _from_nvml
+
+    try:
+        got = _from_nvml()
+    except ValueError as exc:  # GPUs without an NVLink fabric (not an NVL system)
+        reason = str(exc)
+        assert any(word in reason for word in ("NVLink", "NVML", "pynvml")), reason
+    else:
+        assert uuid.UUID(got)
+
+
+# -- the gate, for real over one store --------------------------------------------------
+
+
+def _handler(store: Any, last_call: float, join: float = 20.0) -> Any:
+    backend = C10dRendezvousBackend(store, "seg")
+    return dynamic_rendezvous.DynamicRendezvousHandler.from_backend(
+        "seg",
+        store,
+        backend,
+        min_nodes=2,
+        max_nodes=2,
+        timeout=dynamic_rendezvous.RendezvousTimeout(
+            join=datetime.timedelta(seconds=join),
+            last_call=datetime.timedelta(seconds=last_call),
+        ),
+    )
+
+
+def _gates(n: int, domains: str) -> list[SegmentGate]:
+    return [
+        SegmentGate(
+            SegmentSettings(2, 2, n, domains[i]),
+            f"n{i}",
+            {"GROUP_RANK": str(i)},
+            key=b"k" * 32,
+            run_id="seg",
+        )
+        for i in range(n)
+    ]
+
+
+def _admit_all(
+    gates: list[SegmentGate], stores: list[Any], handlers: list[Any]
+) -> dict[int, object]:
+    out: dict[int, object] = {}
+
+    def run(i: int) -> None:
+        try:
+            out[i] = gates[i].admit(handlers[i], stores[i])
+        except BaseException as exc:
+            out[i] = exc
+
+    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(len(gates))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    return out
+
+
+def test_gate_first_start_then_a_lost_node_brings_the_standby_segment() -> None:
+    server = _store()
+    gates = _gates(4, "AABB")
+    stores = [_client(server) for _ in gates]
+    handlers = [_handler(stores[i], last_call=0.5) for i in range(4)]
+    # Epoch 0: all four; A has the lower scheduler order. B's nodes wait (threads stay).
+    done: dict[int, object] = {}
+
+    def run(i: int) -> None:
+        try:
+            done[i] = gates[i].admit(handlers[i], stores[i])
+        except BaseException as exc:
+            done[i] = exc
+
+    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads[:2]:
+        t.join(20)
+    assert done == {0: True, 1: True}
+    assert [g.place for g in gates[:2]] == [0, 1]
+    assert gates[0].segment == "A#0"
+    assert threads[2].is_alive()  # standbys, outside any round
+    assert threads[3].is_alive()
+    # Node 0 is lost; node 1 comes back (a restart): after the settle window A is broken.
+    survivor: dict[int, object] = {}
+
+    def back() -> None:
+        try:
+            survivor[1] = gates[1].admit(handlers[1], stores[1])
+        except BaseException as exc:
+            survivor[1] = exc
+
+    t1 = threading.Thread(target=back, daemon=True)
+    t1.start()
+    t1.join(20)
+    for t in threads[2:]:
+        t.join(20)
+    left = survivor[1]
+    assert isinstance(left, SegmentLeave), left
+    assert left.segment.name == "A#0"
+    assert left.nodes == ["n1"]
+    assert "1 of its 2 nodes did not come back" in left.reason
+    assert done[2] is True
+    assert done[3] is True
+    assert [g.segment for g in gates[2:]] == ["B#0", "B#0"]
+    assert [g.place for g in gates[2:]] == [0, 1]
+
+
+def test_gate_restart_with_every_active_node_back_is_immediate() -> None:
+    server = _store()
+    gates = _gates(2, "AA")
+    stores = [_client(server) for _ in gates]
+    handlers = [_handler(s, last_call=30.0) for s in stores]
+    assert _admit_all(gates, stores, handlers) == {0: True, 1: True}  # every MAX node here
+    started = time.monotonic()
+    assert _admit_all(gates, stores, handlers) == {0: True, 1: True}
+    assert time.monotonic() - started < 20  # did not wait the 30 s settle window
+    assert [g.epoch for g in gates] == [1, 1]
+
+
+def test_gate_times_out_without_enough_complete_segments() -> None:
+    server = _store()
+    gates = _gates(3, "ABC")  # three nodes, no two in one domain
+    stores = [_client(server) for _ in gates]
+    handlers = [_handler(s, last_call=0.2, join=1.5) for s in stores]
+    out = _admit_all(gates, stores, handlers)
+    assert all(isinstance(v, RendezvousTimeoutError) for v in out.values()), out
+    assert "fewer than 1 complete segments" in str(out[0])
+
+
+def test_gate_ignores_a_forged_key() -> None:
+    store = _store()
+    # Someone without the job key writes a node into epoch 0 before the job starts.
+    store.add("nvrx.launcher/segments/seg/0/count", 1)
+    store.set(
+        "nvrx.launcher/segments/seg/0/n/0",
+        '{"body": "{\\"node\\": \\"evil\\", \\"domain\\": \\"A\\", \\"tier\\": 0, '
+        '\\"index\\": 0}", "mac": null}',
+    )
+    gates = _gates(2, "AA")
+    stores = [_client(store) for _ in gates]
+    handlers = [_handler(s, last_call=0.3) for s in stores]
+    assert _admit_all(gates, stores, handlers) == {0: True, 1: True}
+    assert sorted(g.place for g in gates if g.place is not None) == [0, 1]
+
+
+# -- start-up checks (exit 2 naming the option and value) -------------------------------
+
+_C10D = ["--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:1"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "named"),
+    [
+        (["--ft-segment=2", "--nnodes=3:4", *_C10D], {SEGMENT_ID_ENV: "A"}, "2 does not divide"),
+        (["--ft-segment=0", "--nnodes=2:4", *_C10D], {SEGMENT_ID_ENV: "A"}, "--ft-segment"),
+        (
+            ["--ft-segment=2", "--nnodes=2:4", "--rdzv-backend=etcd-v2", "--rdzv-endpoint=h:1"],
+            {SEGMENT_ID_ENV: "A"},
+            "--ft-segment: needs --rdzv-backend c10d",
+        ),
+        (["--ft_segment=2", "--nnodes=2:4", *_C10D], {SEGMENT_ID_ENV: "a b"}, "NVRX_SEGMENT_ID"),
+    ],
+)
+def test_bad_segment_settings_exit_2(
+    argv: list[str],
+    env: dict[str, str],
+    named: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from nvrx.launcher.cli import main
+    from nvrx.launcher.exit_codes import ExitCode
+
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(SystemExit) as info:
+        main([*argv, "train.py"])
+    assert info.value.code == ExitCode.USAGE_ERROR
+    assert named in capsys.readouterr().err
+
+
+def test_a_node_without_segment_id_exits_2_saying_why(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from nvrx.launcher.cli import main
+
+    monkeypatch.delenv(SEGMENT_ID_ENV, raising=False)
+    with pytest.raises(SystemExit) as info:
+        main(["--ft-segment=2", "--nnodes=2:4", *_C10D, "train.py"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "--ft-segment=2: this node has no segment id: NVRX_SEGMENT_ID is not set" in err
+
+
+def test_segments_imply_standby_and_carry_min_max(monkeypatch: pytest.MonkeyPatch) -> None:
+    from nvrx.launcher.cli import _options, get_parser
+
+    monkeypatch.setenv(SEGMENT_ID_ENV, "rack-1")
+    parser = get_parser()
+    options = _options(
+        parser.parse_args(["--ft_segment=2", "--nnodes=2:4", *_C10D, "train.py"]), parser
+    )
+    assert options.cluster.standby_nodes is True
+    assert options.cluster.segments == SegmentSettings(2, 2, 4, "rack-1")
+
+
+def test_hosts_store_tells_the_store_host_from_its_clients() -> None:
+    import subprocess
+    import sys
+
+    from nvrx.launcher._segment_gate import hosts_store
+
+    here = _store()
+    assert hosts_store(here)
+    code = (
+        "import datetime, sys, torch.distributed as d\n"
+        "s = d.TCPStore('127.0.0.1', 0, is_master=True, wait_for_workers=False)\n"
+        "print(s.port, flush=True)\n"
+        "sys.stdin.read()\n"
+    )
+    host = subprocess.Popen(
+        [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert host.stdout is not None
+        port = int(host.stdout.readline())
+        client = dist.TCPStore(
+            "127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=20)
+        )
+        assert not hosts_store(client)  # served by the other process
+    finally:
+        host.kill()
+        host.wait(10)
