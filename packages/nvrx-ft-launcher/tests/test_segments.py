@@ -505,3 +505,17 @@ def test_hosts_store_tells_the_store_host_from_its_clients() -> None:
     finally:
         host.kill()
         host.wait(10)
+
+
+def test_the_gate_timeout_keeps_its_reason_in_the_launcher_exit() -> None:
+    from torch.distributed.launcher.api import LaunchConfig
+
+    from nvrx.launcher._launch import _rendezvous_failure
+
+    config = LaunchConfig(min_nodes=2, max_nodes=4, nproc_per_node=1)
+    reason = "--ft-segment=2: fewer than 1 complete segments came to the rendezvous within 9 s"
+    assert reason in _rendezvous_failure(RendezvousTimeoutError(reason), None, config)
+    # torch's own timeout has no message: the launcher says what it waited for
+    assert "waiting for 2 to 4 node(s)" in _rendezvous_failure(
+        RendezvousTimeoutError(), None, config
+    )

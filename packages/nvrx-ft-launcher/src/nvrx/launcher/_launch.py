@@ -309,7 +309,7 @@ def _rendezvous_failure(
     text = f"rendezvous failed: {type(exc).__name__}"
     if str(exc):
         text += f": {exc}"
-    if isinstance(exc, RendezvousTimeoutError):
+    if isinstance(exc, RendezvousTimeoutError) and not str(exc):  # torch's own: no message
         join = None
         if isinstance(handler, DynamicRendezvousHandler):
             join = handler.settings.timeout.join.total_seconds()

@@ -23,7 +23,8 @@ class ExitCode(enum.IntEnum):
     #: Bad command line or configuration (argparse convention).
     USAGE_ERROR = 2
     #: This node left the job: a rank asked to exclude it, torch found its ranks
-    #: unhealthy, or it failed a health check before a rendezvous.
+    #: unhealthy, it failed a health check before a rendezvous, or its segment lost a
+    #: node (--ft-segment).
     NODE_EXCLUDED = 3
     #: A rank asked to shut the whole workload down (ShutdownWorkload).
     WORKLOAD_SHUTDOWN = 4
@@ -37,8 +38,8 @@ _DESCRIPTIONS = {
     ExitCode.SUCCESS: "every rank on every node exited 0",
     ExitCode.RESTARTS_EXHAUSTED: "ranks failed and the job-wide restart budget is spent",
     ExitCode.USAGE_ERROR: "bad command line option or configuration value",
-    ExitCode.NODE_EXCLUDED: "this node left the job (a rank asked to exclude it, or a "
-    "health check failed)",
+    ExitCode.NODE_EXCLUDED: "this node left the job (a rank asked to exclude it, a "
+    "health check failed, or its segment lost a node)",
     ExitCode.WORKLOAD_SHUTDOWN: "a rank asked to shut the workload down",
     ExitCode.LAUNCHER_ERROR: "the launcher failed (rendezvous timeout or closed, store lost)",
     ExitCode.NO_PROGRESS: "ranks kept failing without progress (progress rule)",
