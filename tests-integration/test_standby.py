@@ -50,6 +50,26 @@ def _rdzv(port: int) -> list[str]:
     ]
 
 
+def _rendezvous_nodes(port: int, run_id: str) -> int:
+    """How many nodes torch's rendezvous state lists (read through torch, joining nothing)."""
+    import datetime
+
+    from torch._C._distributed_c10d import TCPStore
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import (
+        C10dRendezvousBackend,
+    )
+
+    from nvrx.launcher._torch_compat import rendezvous_nodes
+
+    store = TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=10))
+    handler = dynamic_rendezvous.DynamicRendezvousHandler.from_backend(
+        run_id, store, C10dRendezvousBackend(store, run_id), min_nodes=1, max_nodes=1
+    )
+    found = rendezvous_nodes(handler)
+    return -1 if found is None else found[0]
+
+
 @pytest.mark.parametrize("spares", [[], ["--warm-spares"]], ids=["cold", "warm-spares"])
 def test_a_standby_replaces_a_killed_node_and_training_goes_on(
     launch: Launch, tmp_path: pathlib.Path, out_dir: pathlib.Path, spares: list[str]
@@ -164,3 +184,51 @@ def test_a_standby_replaces_a_node_unhealthy_at_the_restart(
     worlds = {e["attempt"]: e["world"] for e in journal if e["event"] == "start"}
     assert worlds == {0: 2, 1: 2}
     assert_every_step_once(journal, STEPS, ranks=(0, 1))
+
+
+def test_a_launcher_beyond_max_is_refused(
+    launch: Launch, tmp_path: pathlib.Path, out_dir: pathlib.Path
+) -> None:
+    """Torch would keep it in its redundancy list, unseen, until the job ends."""
+    port = free_port()
+    rdzv = [
+        "--nnodes=1:2",
+        "--ft-standby-nodes",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint=127.0.0.1:{port}",
+        "--rdzv-id=beyond-max",
+        "--rdzv-conf=join_timeout=120,keep_alive_interval=1,keep_alive_max_attempt=3",
+    ]
+    journals = [tmp_path / f"j{i}.jsonl" for i in range(3)]
+    runs: list[LauncherRun] = []
+    for i in range(2):
+        runs.append(
+            launch(
+                ["--steps=60", "--step-time=0.25", "--checkpoint-every=10"],
+                [*rdzv, f"--ft-journal={journals[i]}"],
+                script=DDP_STEPS,
+                name=f"node{i}",
+                nproc=1,
+                standalone=False,
+            )
+        )
+        if i == 0:
+            wait_for_store(port)
+    wait_for(lambda: journal_events(journals[0], "workers_started") != [], 120, "node 0 runs")
+    wait_for(lambda: _rendezvous_nodes(port, "beyond-max") == 2, 60, "node 1 waits as standby")
+    extra = launch(
+        ["--steps=60"],
+        [*rdzv, f"--ft-journal={journals[2]}"],
+        script=DDP_STEPS,
+        name="node2",
+        nproc=1,
+        standalone=False,
+    )
+    extra.expect_exit(2, 90)
+    (finished,) = journal_events(journals[2], "finished")
+    assert "2 nodes are in the job already" in finished["reason"]
+    assert "this launcher is one too many" in finished["reason"]
+    assert journal_events(journals[2], "workers_started") == []
+    runs[0].expect_exit(0, 120)
+    runs[1].expect_exit(0, 60)  # the standby, never needed
+    assert journal_events(journals[1], "workers_started") == []

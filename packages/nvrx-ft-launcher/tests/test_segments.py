@@ -20,7 +20,7 @@ from torch.distributed.elastic.rendezvous.api import RendezvousTimeoutError
 from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
 
 from nvrx.launcher._group_rank import InfraKey, _align
-from nvrx.launcher._segment_gate import SegmentGate, SegmentLeave
+from nvrx.launcher._segment_gate import GateFull, SegmentGate, SegmentLeave
 from nvrx.launcher._segment_id import (
     SEGMENT_ID_ENV,
     node_segment_id,
@@ -519,3 +519,24 @@ def test_the_gate_timeout_keeps_its_reason_in_the_launcher_exit() -> None:
     assert "waiting for 2 to 4 node(s)" in _rendezvous_failure(
         RendezvousTimeoutError(), None, config
     )
+
+
+def test_gate_refuses_a_launcher_beyond_max() -> None:
+    server = _store()
+    gates = _gates(2, "AB")  # no segment complete: both wait in epoch 0
+    stores = [_client(server) for _ in range(3)]
+    handlers = [_handler(st, last_call=30.0, join=4.0) for st in stores]
+    waiting = threading.Thread(target=_admit_all, args=(gates, stores[:2], handlers[:2]))
+    waiting.start()
+    try:
+        wait_until = time.monotonic() + 10
+        while stores[2].add("nvrx.launcher/segments/seg/0/count", 0) < 2:
+            assert time.monotonic() < wait_until, "the two nodes never came to the gate"
+            time.sleep(0.05)
+        third = SegmentGate(SegmentSettings(2, 2, 2, "A"), "n2", {}, key=b"k" * 32, run_id="seg")
+        with pytest.raises(GateFull, match="2 nodes are in the job already"):
+            third.admit(handlers[2], stores[2])
+        # It never said it was there: the others still see two nodes.
+        assert stores[2].add("nvrx.launcher/segments/seg/0/count", 0) == 2
+    finally:
+        waiting.join(20)  # the two time out (join_timeout 4 s)

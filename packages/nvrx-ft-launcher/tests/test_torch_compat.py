@@ -130,6 +130,15 @@ def test_rendezvous_store() -> None:
     assert handler._store.get("contract/key") == b"v"
 
 
+def test_rendezvous_nodes() -> None:
+    handler = _handler()
+    assert compat.rendezvous_nodes(handler) == (0, False), "_state_holder.state's node lists"
+    state = handler._state_holder.state
+    for name in ("participants", "wait_list", "redundancy_list"):
+        assert hasattr(state, name), f"_RendezvousState.{name} is gone"
+    assert isinstance(handler._this_node, dynamic_rendezvous._NodeDesc)
+
+
 def test_subprocess_handler_factory() -> None:
     assert callable(getattr(mp_api, "get_subprocess_handler", None)), (
         "multiprocessing.api.get_subprocess_handler is gone"

@@ -49,6 +49,8 @@ class ClusterOptions:
     standby_nodes: bool = False
     #: --ft-segment: whole segments only (implies standby_nodes); None: off.
     segments: SegmentSettings | None = None
+    #: With standby nodes: --nnodes' MAX, beyond which a launcher is refused.
+    max_nodes: int | None = None
 
 
 def _storage_paths(text: str | None) -> tuple[str, ...]:

@@ -38,8 +38,8 @@ from ._gpu_memory import GpuMemoryWatch
 from ._group_rank import GroupRankAligner
 from ._node_health import NodeHealth, NodeHealthChecker
 from ._numa import NumaPlan
-from ._segment_gate import SegmentGate, SegmentLeave, hosts_store
-from ._torch_compat import leave_rendezvous, rendezvous_store
+from ._segment_gate import GateFull, SegmentGate, SegmentLeave, hosts_store
+from ._torch_compat import leave_rendezvous, rendezvous_nodes, rendezvous_store
 from .exit_codes import ExitCode
 
 __all__: list[str] = []
@@ -104,6 +104,8 @@ class CycleSteps:
         """The segment gate, then scheduler-aligned group ranks (not where the user gave them)."""
         if self.gate is not None:
             self._install_gate(handler, self.gate)
+        elif self.options.standby_nodes and self.options.max_nodes is not None:
+            self._install_capacity_check(handler, self.options.max_nodes)
         if not isinstance(handler, StaticTCPRendezvous):
             self.aligner.install(handler)
         if self.gate is not None:
@@ -127,10 +129,32 @@ class CycleSteps:
                 admitted = gate.admit(handler, store)  # False: the job ended; torch says so
             except SegmentLeave as exc:
                 self._segment_left(handler, exc)
+            except GateFull as exc:
+                _one_too_many(str(exc))
             if admitted and not self.aligner.nodes:
                 # New to the job's rounds (a standby segment): the round it joins says
                 # whose places it takes (node_replaced), as a returning node's would.
                 self.aligner.nodes = gate.last_round(store)
+            return original()
+
+        handler.next_rendezvous = next_rendezvous  # type: ignore[method-assign]
+
+    def _install_capacity_check(self, handler: RendezvousHandler, max_nodes: int) -> None:
+        """Standby nodes: a launcher that finds MAX nodes in the job at its first join leaves.
+
+        Torch keeps any number of nodes in its redundancy list (it knows MIN only), so a
+        launcher beyond MAX would wait unseen until the job ends. Nodes torch still lists
+        after they died count until its keep-alive drops them: the check waits that long
+        for a place before refusing.
+        """
+        original = handler.next_rendezvous
+        joined = False
+
+        def next_rendezvous() -> RendezvousInfo:
+            nonlocal joined
+            if not joined:
+                _refuse_beyond_max(handler, max_nodes)
+                joined = True
             return original()
 
         handler.next_rendezvous = next_rendezvous  # type: ignore[method-assign]
@@ -279,3 +303,38 @@ class CycleSteps:
                 leftover=[p.to_json() for p in result.leftover],
             )
         )
+
+
+def _one_too_many(reason: str) -> NoReturn:
+    from ._agent import LauncherExit  # the agent imports this module
+
+    raise LauncherExit(int(ExitCode.USAGE_ERROR), reason)
+
+
+def _refuse_beyond_max(handler: RendezvousHandler, max_nodes: int) -> None:
+    """Leave (exit 2) if MAX nodes stay in the rendezvous past torch's keep-alive window."""
+    settings = getattr(handler, "settings", None)
+    interval = getattr(settings, "keep_alive_interval", None)
+    attempts = getattr(settings, "keep_alive_max_attempt", 3)
+    window = (interval.total_seconds() if interval is not None else 5.0) * attempts + 1.0
+    deadline = time.monotonic() + window
+    said = False
+    while True:
+        found = rendezvous_nodes(handler)
+        if found is None or found[1] or found[0] < max_nodes:
+            return
+        if time.monotonic() > deadline:
+            _one_too_many(
+                f"--nnodes MAX is {max_nodes}: {found[0]} nodes are in the job already "
+                f"(running or waiting as standbys); this launcher is one too many"
+            )
+        if not said:
+            said = True
+            logger.warning(
+                "%d nodes are in the job already (--nnodes MAX %d); waiting up to %.0f s "
+                "for a place (a lost node's keep-alive to expire)",
+                found[0],
+                max_nodes,
+                window,
+            )
+        time.sleep(1.0)

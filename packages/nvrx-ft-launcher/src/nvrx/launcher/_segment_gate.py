@@ -49,6 +49,10 @@ _ELECTORS = 3
 _ELECTOR_STAGGER_S = 2.0
 
 
+class GateFull(Exception):
+    """MAX nodes are at the gate already: this launcher is one too many."""
+
+
 class SegmentLeave(Exception):
     """This node's segment broke (lost a node): this node leaves the job."""
 
@@ -260,6 +264,8 @@ class SegmentGate:
             now = time.monotonic()
             if opened_at is None and (epoch == 0 or self._count(store, f"{epoch}/open") > 0):
                 opened_at = now
+                if self.epoch is None and not self._elections:
+                    self._refuse_beyond_max(store, epoch)
                 index = self._count(store, f"{epoch}/count", 1) - 1
                 mine = infra_key(self._env, index)
                 member = Member(self._node, self.settings.segment_id, mine)
@@ -279,6 +285,18 @@ class SegmentGate:
                 if handler.is_closed():
                     return None
             time.sleep(_POLL_S)
+
+    def _refuse_beyond_max(self, store: Store, epoch: int) -> None:
+        """A node new to the job that finds MAX nodes at the gate does not say it is here."""
+        limit = self.settings.max_nodes
+        if self._count(store, f"{epoch}/count") < limit:
+            return  # the cheap check; a forged count alone refuses nobody:
+        here = [m for m in self._present(store, epoch) if m.node != self._node]
+        if len(here) >= limit:
+            raise GateFull(
+                f"--nnodes {self.settings.min_nodes}:{limit}: {len(here)} nodes are in the "
+                f"job already (running or waiting as standbys); this launcher is one too many"
+            )
 
     def _try_elect(self, store: Store, epoch: int, *, settled: bool) -> None:
         present = self._present(store, epoch)

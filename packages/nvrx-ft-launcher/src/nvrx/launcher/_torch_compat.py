@@ -22,6 +22,9 @@ release up to the tested range):
   ``_op_executor.run(op, deadline)`` and ``_RendezvousExitOp``;
 - ``rendezvous_store``: ``DynamicRendezvousHandler._store``, the rendezvous' base store
   (c10d: the TCPStore every node reaches; the rounds' stores are prefixes of it);
+- ``rendezvous_nodes``: ``DynamicRendezvousHandler._state_holder.sync()``, ``.state``
+  with ``participants``, ``wait_list`` and ``redundancy_list`` (node descriptors), and
+  ``_this_node``;
 - ``subprocess_handler_factory``: ``multiprocessing.api.get_subprocess_handler``, a
   module global ``SubprocessContext`` calls per rank, and ``SubprocessHandler._popen``;
 - ``worker_processes``: ``LocalElasticAgent._pcontext``, a ``SubprocessContext`` with
@@ -147,6 +150,20 @@ def rendezvous_store(handler: RendezvousHandler) -> Store | None:
         return None
     store = getattr(handler, "_store", None)
     return store if isinstance(store, Store) else None
+
+
+def rendezvous_nodes(handler: RendezvousHandler) -> tuple[int, bool] | None:
+    """(nodes the rendezvous knows: in the round, waiting or redundant; this one of them).
+
+    None for another handler. Dead nodes count until torch's keep-alive drops them.
+    """
+    if not isinstance(handler, dynamic_rendezvous.DynamicRendezvousHandler):
+        return None
+    with handler._heartbeat_lock:
+        handler._state_holder.sync()
+        state = handler._state_holder.state
+        nodes = {*state.participants, *state.wait_list, *state.redundancy_list}
+    return len(nodes), handler._this_node in nodes
 
 
 @contextlib.contextmanager

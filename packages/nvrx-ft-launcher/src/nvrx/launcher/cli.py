@@ -675,6 +675,7 @@ def _cluster_settings(
         cluster = _with_segments(cfg.segment, cluster, config, parser)
     if cluster.standby_nodes:
         _check_standby(config, parser)
+        cluster = dataclasses.replace(cluster, max_nodes=config.max_nodes)
     if args.ft_use_infra_group_rank is False:
         logger.warning(
             "--ft-use-infra-group-rank false has no effect: group ranks always follow "
