@@ -1,11 +1,11 @@
 """Straggler reports reach the launcher: a real ft_launcher, two gloo ranks, a real scrape.
 
 Rank 0 (scripts/straggler_rank.py) first writes a file the launcher must refuse, then
-publishes a report with step times 0.1 s and 0.2 s over a window it measured. The
-launcher journals the refusal once and the report as ``straggler_report``, serves
-``nvrx_straggler_score`` for both ranks on its metrics endpoint, and the job summary
-charges the window times the wait fraction (1 - median / max = 1 - 0.15 / 0.2 = 0.25)
-to ``straggler_wait``.
+publishes a report with forward times 0.1 s and 0.2 s in steps of 0.4 s over a window
+it measured. The launcher journals the refusal once and the report as
+``straggler_report``, serves ``nvrx_straggler_score`` for both ranks on its metrics
+endpoint, and the job summary charges the window times the wait fraction
+((max - median) / step = (0.2 - 0.15) / 0.4 = 0.125) to ``straggler_wait``.
 """
 
 from __future__ import annotations
@@ -63,8 +63,9 @@ def test_rank_zeros_report_reaches_journal_metrics_and_goodput(
     assert stat.S_IMODE(scores_file.parent.stat().st_mode) == 0o700  # the launcher's own dir
     [report] = journal_events(journal, "straggler_report")
     assert (report["window_start"], report["window_end"]) == (published["start"], published["end"])
-    assert report["wait_fraction"] == pytest.approx(0.25)
-    assert (report["ranks"], report["worst_rank"], report["step_section"]) == (2, 1, "train_step")
+    assert report["wait_fraction"] == pytest.approx((0.2 - 0.15) / 0.4)
+    assert (report["ranks"], report["worst_rank"]) == (2, 1)
+    assert (report["forward_section"], report["step_section"]) == ("fwd", "train_step")
     assert report["worst_score"] == pytest.approx(0.5)
 
     [start] = journal_events(journal, "run_start")
@@ -89,5 +90,5 @@ def test_rank_zeros_report_reaches_journal_metrics_and_goodput(
     [finished] = journal_events(journal, "all_nodes_finished")
     assert started["t"] <= published["start"] < published["end"] <= finished["t"]
     seconds = summary["summary"]["seconds"]
-    assert seconds["straggler_wait"] == pytest.approx(0.25 * window, abs=1e-6)
+    assert seconds["straggler_wait"] == pytest.approx(0.125 * window, abs=1e-6)
     assert not os.path.exists(scores_file)  # went with the launcher's runtime dir

@@ -1,7 +1,8 @@
 """A rank for the straggler-feed test: rank 0 publishes a straggler report to its launcher.
 
-Both ranks join a gloo group and gather their step times (rank r: ``0.1 * (r + 1)`` s,
-so the wait fraction is known: ``1 - median / max``). Rank 0 first writes a file the
+Both ranks join a gloo group and gather their forward times (rank r: ``0.1 * (r + 1)`` s)
+over whole steps of 0.4 s on both, so the wait fraction is known: ``(max - median) /
+step`` = (0.2 - 0.15) / 0.4 = 0.125. Rank 0 first writes a file the
 launcher must refuse and waits until the launcher journaled ``straggler_report_ignored``;
 then it publishes, through :func:`nvrx.ft.publish_straggler_report`, a report-like object
 with those step times over a window it measured, writes the window to
@@ -23,9 +24,11 @@ from collections.abc import Callable, Mapping
 import torch
 import torch.distributed as dist
 
-from nvrx.ft import STRAGGLER_SCORES_ENV, publish_straggler_report
+from nvrx.ft import STRAGGLER_SCORES_ENV, flush_straggler_reports, publish_straggler_report
 
+FORWARD_SECTION = "fwd"
 STEP_SECTION = "train_step"
+STEP_S = 0.4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,21 +78,29 @@ def main() -> int:
         path = os.environ[STRAGGLER_SCORES_ENV]
         pathlib.Path(path).write_text("not a report")  # the launcher must refuse this one
         _wait_for(lambda: _journaled(args.journal, "straggler_report_ignored"), "the refusal")
-        step_s = {r: float(t.item()) for r, t in enumerate(steps)}
-        fastest = min(step_s.values())
-        relative = {r: fastest / s for r, s in step_s.items()}
+        forward_s = {r: float(t.item()) for r, t in enumerate(steps)}  # 0.1 s and 0.2 s
+        fastest = min(forward_s.values())
+        relative = {r: fastest / s for r, s in forward_s.items()}
         report = Report(
             gpu_relative_perf_scores=relative,
-            gpu_individual_perf_scores=dict.fromkeys(step_s, 0.9),
-            section_relative_perf_scores={STEP_SECTION: relative},
+            gpu_individual_perf_scores=dict.fromkeys(forward_s, 0.9),
+            section_relative_perf_scores={FORWARD_SECTION: relative},
             section_individual_perf_scores={},
-            rank_to_node=dict.fromkeys(step_s, "localhost"),
-            section_median_times={STEP_SECTION: {r: s * 1000.0 for r, s in step_s.items()}},
+            rank_to_node=dict.fromkeys(forward_s, "localhost"),
+            section_median_times={
+                FORWARD_SECTION: {r: s * 1000.0 for r, s in forward_s.items()},
+                STEP_SECTION: dict.fromkeys(forward_s, STEP_S * 1000.0),  # equal under DDP
+            },
         )
         ok = publish_straggler_report(
-            report, window_start=start, window_end=end, step_section=STEP_SECTION
+            report,
+            window_start=start,
+            window_end=end,
+            forward_section=FORWARD_SECTION,
+            step_section=STEP_SECTION,
         )
-        published = {"ok": ok, "path": path, "start": start, "end": end, "step_s": step_s}
+        ok = ok and flush_straggler_reports(60.0)  # written by nvrx.ft's background thread
+        published = {"ok": ok, "path": path, "start": start, "end": end, "forward_s": forward_s}
         (args.out / "published.json").write_text(json.dumps(published))
         _wait_for(lambda: (args.out / "go").exists(), "the test's go")
     dist.barrier()

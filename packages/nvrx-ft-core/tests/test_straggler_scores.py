@@ -23,9 +23,11 @@ from nvrx.ft import (
     STRAGGLER_SCORES_SCHEMA_VERSION,
     RankStragglerScores,
     StragglerScores,
+    flush_straggler_reports,
     publish_straggler_report,
     read_straggler_scores,
     straggler_scores_schema_path,
+    write_file_atomically,
     write_straggler_scores,
 )
 from nvrx.ft import _straggler_scores as module
@@ -186,7 +188,9 @@ REFUSED: dict[str, tuple[Any, str]] = {
     "score negative": (_rank(section_relative=-0.1), "section_relative=-0.1"),
     "score too large": (_rank(gpu_individual=1e9), "gpu_individual=1000000000.0"),
     "step_s negative": (_rank(step_s=-1.0), "step_s=-1.0"),
-    "node too long": (_rank(node="n" * 256), "node="),
+    "node too long": (_rank(node="n" * 65), "node="),
+    "forward_s negative": (_rank(forward_s=-1.0), "forward_s=-1.0"),
+    "forward_section empty": (_document(forward_section=""), "forward_section"),
     "rank missing a key": (
         {**_document(), "ranks": [{"rank": 0}]},
         r"ranks\[0\]=.*missing",
@@ -271,7 +275,7 @@ def test_a_writer_cannot_write_what_a_reader_would_refuse(tmp_path: pathlib.Path
 
 @pytest.fixture
 def fresh_warning(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(module, "_warned", False)
+    monkeypatch.setattr(module._publisher, "_warned", False)
 
 
 def test_publish_writes_to_the_env_path_and_is_false_when_unset(
@@ -287,6 +291,7 @@ def test_publish_writes_to_the_env_path_and_is_false_when_unset(
     assert publish_straggler_report(
         _report(), window_start=5.0, window_end=7.0, step_section="train_step"
     )
+    assert flush_straggler_reports(30.0)
     got = read_straggler_scores(path)
     assert (got.window_start, got.window_end, got.step_s[1]) == (5.0, 7.0, 0.2)
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
@@ -298,12 +303,147 @@ def test_publish_never_raises_and_warns_once(
 ) -> None:
     monkeypatch.setenv(STRAGGLER_SCORES_ENV, str(tmp_path / "no-such-dir" / "scores.json"))
     caplog.set_level(logging.DEBUG, logger="nvrx.ft.straggler_scores")
-    assert publish_straggler_report(_report()) is False
-    bad = _report(gpu_relative_perf_scores={0: -5.0})
+    assert publish_straggler_report(_report()) is True  # handed over; the write fails later
+    assert flush_straggler_reports(30.0)
     monkeypatch.setenv(STRAGGLER_SCORES_ENV, str(tmp_path / "scores.json"))
-    assert publish_straggler_report(bad) is False
-    assert publish_straggler_report(object()) is False  # type: ignore[arg-type]
+    assert publish_straggler_report(object()) is True  # type: ignore[arg-type]
+    assert flush_straggler_reports(30.0)
+    assert publish_straggler_report(_report(), window_start=2.0, window_end=1.0)
+    assert flush_straggler_reports(30.0)
     levels = [r.levelno for r in caplog.records if r.name == "nvrx.ft.straggler_scores"]
     assert levels == [logging.WARNING, logging.DEBUG, logging.DEBUG]
     assert "no-such-dir" in caplog.records[0].getMessage()
+    assert "before window_start" in caplog.records[2].getMessage()
     assert not (tmp_path / "scores.json").exists()
+    # A value the reader would refuse is left out, not a reason to lose the report.
+    assert publish_straggler_report(_report(gpu_relative_perf_scores={0: -5.0, 1: math.inf}))
+    assert flush_straggler_reports(30.0)
+    got = read_straggler_scores(tmp_path / "scores.json")
+    assert got.scores("relative") == {0: 1.0, 1: 0.6, 2: 0.4}  # the sections' instead
+
+
+def test_publish_returns_while_the_disk_is_stuck_and_only_the_latest_report_waits(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review finding 1: the write ran on the training loop (and fsynced file and directory)."""
+    path = tmp_path / "scores.json"
+    monkeypatch.setenv(STRAGGLER_SCORES_ENV, str(path))
+    assert flush_straggler_reports(30.0)
+    release = threading.Event()
+    entered = threading.Event()
+    written: list[float] = []
+    real = write_file_atomically
+
+    def stuck(where: Any, text: str, **kw: Any) -> None:
+        entered.set()
+        assert release.wait(60)
+        written.append(json.loads(text)["window_start"])
+        real(where, text, **kw)
+
+    monkeypatch.setattr(module, "write_file_atomically", stuck)
+    done = threading.Event()
+
+    def loop() -> None:  # the training loop: three reports while the disk hangs
+        for start in (1.0, 2.0, 3.0):
+            assert publish_straggler_report(_report(), window_start=start, window_end=9.0)
+            assert entered.wait(30)  # the first one is in the writer, stuck
+        done.set()
+
+    trainer = threading.Thread(target=loop, daemon=True)
+    trainer.start()
+    trainer.join(timeout=30)
+    try:
+        assert done.is_set(), "publish_straggler_report waited for the disk"
+        assert not flush_straggler_reports(0.2)  # still stuck
+    finally:
+        release.set()
+    assert flush_straggler_reports(30.0)
+    assert written == [1.0, 3.0]  # report 2 was replaced by report 3 while it waited
+    assert read_straggler_scores(path).window_start == 3.0
+
+
+def test_published_files_are_not_fsynced_but_still_atomic(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    syncs: list[int] = []
+    monkeypatch.setattr(os, "fsync", lambda fd: syncs.append(fd))
+    write_file_atomically(tmp_path / "durable", "x")
+    assert len(syncs) == 2  # the file and its directory
+    syncs.clear()
+    write_file_atomically(tmp_path / "quick", "x", durable=False)
+    monkeypatch.setenv(STRAGGLER_SCORES_ENV, str(tmp_path / "scores.json"))
+    assert publish_straggler_report(_report())
+    assert flush_straggler_reports(30.0)
+    assert syncs == []
+    assert (tmp_path / "quick").read_text() == "x"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["durable", "quick", "scores.json"]
+
+
+def test_the_wait_is_the_forward_gap_over_the_whole_step() -> None:
+    """Review finding 3: 1 - median / max of the forward medians was applied to whole steps."""
+    medians = {"fwd": {0: 20.0, 1: 20.0, 2: 50.0}, "train_step": {0: 130.0, 1: 130.0, 2: 130.0}}
+    report = _report(section_median_times=medians)
+    scores = StragglerScores.from_report(
+        report, written_at=1.0, forward_section="fwd", step_section="train_step"
+    )
+    assert (scores.forward_section, scores.step_section) == ("fwd", "train_step")
+    assert scores.forward_s == {0: 0.02, 1: 0.02, 2: 0.05}
+    # rank 0 and 1 idle 30 of each 130 ms step waiting for rank 2's forward
+    assert scores.wait_fraction() == pytest.approx(30 / 130)
+    no_steps = StragglerScores.from_report(report, written_at=1.0, forward_section="fwd")
+    assert no_steps.wait_fraction() == pytest.approx(1 - 20 / 50)  # the documented fallback
+    one = _report(section_median_times={"fwd": {0: 20.0}})
+    assert (
+        StragglerScores.from_report(one, written_at=1, forward_section="fwd").wait_fraction()
+        is None
+    )
+    assert _scores().wait_fraction() is None  # no forward section named
+    odd = {"fwd": {0: 20.0, 1: 500.0}, "train_step": {0: 100.0, 1: 100.0}}
+    clamped = StragglerScores.from_report(
+        _report(section_median_times=odd),
+        written_at=1,
+        forward_section="fwd",
+        step_section="train_step",
+    )
+    assert clamped.wait_fraction() == 1.0
+
+
+def test_a_symbolic_link_or_another_users_file_is_refused(tmp_path: pathlib.Path) -> None:
+    """Review finding 6: the launcher reads a file a rank wrote; it follows no link to it."""
+    real = tmp_path / "real.json"
+    write_straggler_scores(real, _scores())
+    link = tmp_path / "scores.json"
+    link.symlink_to(real)
+    with pytest.raises(ValueError, match="a symbolic link"):
+        read_straggler_scores(link)
+    mine = os.stat(real)
+    module._check_file(mine, os.geteuid())  # the reader's own file passes
+    theirs = os.stat_result((mine.st_mode, 0, 0, 1, os.geteuid() + 1, 0, 10, 0, 0, 0))
+    with pytest.raises(ValueError, match=f"owned by uid {os.geteuid() + 1}"):
+        module._check_file(theirs, os.geteuid())
+    if os.geteuid() == 0:  # root can hand the file to someone else: the real refusal
+        os.chown(real, 12345, 12345)
+        with pytest.raises(ValueError, match="owned by uid 12345"):
+            read_straggler_scores(real)
+
+
+def test_the_size_cap_is_what_the_rank_cap_needs(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    longest = RankStragglerScores(
+        rank=(1 << 31) - 1,
+        node="n" * 64,
+        **dict.fromkeys(
+            ("gpu_relative", "gpu_individual", "section_relative"), 0.12345678901234568
+        ),
+        section_individual=999.1234567890123,
+        forward_s=123456789.12345679,
+        step_s=123456789.12345679,
+    )
+    entry = json.dumps(StragglerScores(written_at=1.0, ranks=(longest,)).to_dict()["ranks"][0])
+    assert len(entry.replace(" ", "")) + 1 <= module._MAX_RANK_BYTES
+    assert MAX_STRAGGLER_SCORES_BYTES < 48 * 1024 * 1024  # was 64 MiB
+    monkeypatch.setattr(module, "MAX_STRAGGLER_SCORES_BYTES", 200)
+    with pytest.raises(ValueError, match="more than a reader takes"):
+        write_straggler_scores(tmp_path / "big.json", _scores())
+    assert not (tmp_path / "big.json").exists()

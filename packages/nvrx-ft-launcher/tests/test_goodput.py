@@ -281,17 +281,18 @@ def test_straggler_wait_taken_from_productive_time() -> None:
 
 
 def straggler_report(
-    t: float, start: float, end: float, fraction: float, node: str = "a"
+    t: float, start: float, end: float, fraction: float, node: str = "a", cycle: int = 0
 ) -> Record:
     return rec(
         "straggler_report",
         t,
-        "a",
-        cycle=0,
+        node,
+        cycle=cycle,
         written_at=t,
         window_start=start,
         window_end=end,
         wait_fraction=fraction,
+        forward_section="fwd",
         step_section="train_step",
         ranks=2,
         worst_rank=1,
@@ -343,6 +344,72 @@ def test_straggler_waits_survive_the_nodes_timeline_exchange_and_merge_once() ->
     # a timeline from a launcher without straggler waits still reads
     old = {k: v for k, v in tb.to_json().items() if k != "straggler"}
     assert Timeline.from_json(old).straggler == ()
+
+
+def one_cycle(end: float) -> list[Record]:
+    """One node trains from 0 to ``end``, no fault."""
+    return [
+        rec("run_start", 0.0, run_id="job"),
+        rec("workers_started", 0.0, cycle=0, group_rank=0),
+        rec("first_step", 0.0, cycle=0),
+        rec("all_nodes_finished", end, cycle=0),
+        rec("finished", end, exit_code=0),
+    ]
+
+
+def test_overlapping_straggler_waits_count_once_at_the_latest_reports_fraction() -> None:
+    """Review finding 2: each wait's overlap was summed alone (150 s here, not 100)."""
+    run = one_cycle(200.0)
+    g = account(run, straggler=[StragglerWait(0, 100, 0.5), StragglerWait(0, 200, 0.5)])
+    assert g.seconds[Phase.STRAGGLER_WAIT] == pytest.approx(100.0)
+    # 50..100 is in both: the later report (ending at 150) says 0.2 there
+    g = account(run, straggler=[StragglerWait(0, 100, 0.5), StragglerWait(50, 150, 0.2)])
+    assert g.seconds[Phase.STRAGGLER_WAIT] == pytest.approx(25.0 + 20.0)
+    g = account(run, straggler=[StragglerWait(0, 200, 0.1), StragglerWait(50, 100, 0.5)])
+    assert g.seconds[Phase.STRAGGLER_WAIT] == pytest.approx(20.0)  # the longer one is later
+    assert g.seconds[Phase.PRODUCTIVE] == pytest.approx(180.0)
+
+
+def test_overlapping_waits_of_two_nodes_count_once_after_the_exchange() -> None:
+    # cycle 0: rank 0 on node a; cycle 1: on node b, whose journal has a's wait too
+    a, b = two_nodes()
+    a = [*a, straggler_report(30.0, 20.0, 30.0, 0.5)]
+    b = [
+        *b,
+        straggler_report(30.0, 20.0, 30.0, 0.5, node="b"),
+        straggler_report(90.0, 82.0, 90.0, 0.5, node="b", cycle=1),
+        straggler_report(95.0, 85.0, 95.0, 0.2, node="b", cycle=1),
+    ]
+    ta, tb = (
+        Timeline.from_json(json.loads(json.dumps(Timeline.from_records(x).to_json())))
+        for x in (a, b)
+    )
+    merged = account(Timeline.merge([ta, tb]))
+    # 20..30 x 0.5, 82..85 x 0.5, then the later report's 85..95 x 0.2
+    assert merged.seconds[Phase.STRAGGLER_WAIT] == pytest.approx(5.0 + 1.5 + 2.0)
+    assert merged.to_json() == account(a + b).to_json()
+
+
+def test_a_long_run_of_reports_fits_the_timeline_exchange_with_its_wait_seconds() -> None:
+    """Review finding 5: ~1,100 waits (3.8 days of 300 s reports) overflowed the 64 KiB value."""
+    n, period = 10_000, 300.0
+    end = n * period + 10.0
+    adjacent = [
+        straggler_report((i + 1) * period, i * period, (i + 1) * period, 0.1 if i % 2 else 0.3)
+        for i in range(n)
+    ]
+    tl = Timeline.from_records(one_cycle(end) + adjacent)
+    assert len(tl.straggler) == 1  # one cycle of adjacent windows: one wait
+    assert account(tl).seconds[Phase.STRAGGLER_WAIT] == pytest.approx(n * period * 0.2)
+    gapped = [  # a report every 300 s covering 290 s of it
+        straggler_report((i + 1) * period, i * period, i * period + 290.0, 0.2) for i in range(n)
+    ]
+    tl = Timeline.from_records(one_cycle(end) + gapped)
+    wire = json.dumps(tl.to_json(), sort_keys=True)
+    assert len(tl.straggler) <= 256
+    assert len(wire.encode()) < 32 * 1024
+    again = Timeline.from_json(json.loads(wire))
+    assert account(again).seconds[Phase.STRAGGLER_WAIT] == pytest.approx(n * 290.0 * 0.2)
 
 
 def test_fault_during_restart_start_up_is_charged_to_the_restart() -> None:

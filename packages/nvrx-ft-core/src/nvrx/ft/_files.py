@@ -16,8 +16,15 @@ import tempfile
 __all__ = ["write_file_atomically"]
 
 
-def write_file_atomically(path: str | os.PathLike[str], text: str, *, mode: int = 0o644) -> None:
-    """Replace ``path`` with ``text`` (UTF-8) in one step; the directory must exist."""
+def write_file_atomically(
+    path: str | os.PathLike[str], text: str, *, mode: int = 0o644, durable: bool = True
+) -> None:
+    """Replace ``path`` with ``text`` (UTF-8) in one step; the directory must exist.
+
+    ``durable=False`` skips both fsyncs (file and directory): readers still never see
+    half a file (temp file + rename), but a crash of the machine may lose the new
+    content. For files rewritten often whose writer must not wait on a busy disk.
+    """
     target = pathlib.Path(path)
     directory = target.parent
     fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
@@ -25,12 +32,15 @@ def write_file_atomically(path: str | os.PathLike[str], text: str, *, mode: int 
         with os.fdopen(fd, "w", encoding="utf-8") as stream:
             stream.write(text)
             stream.flush()
-            os.fsync(stream.fileno())
+            if durable:
+                os.fsync(stream.fileno())
         os.chmod(tmp_name, mode)
         os.replace(tmp_name, target)
     except BaseException:
         pathlib.Path(tmp_name).unlink(missing_ok=True)
         raise
+    if not durable:
+        return
     # Make the rename durable; some network file systems cannot fsync a directory.
     with contextlib.suppress(OSError):
         dir_fd = os.open(directory, os.O_RDONLY)

@@ -278,7 +278,9 @@ class FtAgent(LocalElasticAgent):
         self._steps.install(spec.rdzv_handler)
         # Rank 0's straggler reports come back through a file in our private directory.
         self._straggler = StragglerFeed(
-            monitors.runtime_dir / SCORES_FILE_NAME, on_ignored=self._journal_bad_scores
+            monitors.runtime_dir / SCORES_FILE_NAME,
+            on_ignored=self._journal_bad_scores,
+            metrics=self._metrics,
         )
         os.environ[STRAGGLER_SCORES_ENV] = self._straggler.path  # the ranks inherit it
 
@@ -392,27 +394,29 @@ class FtAgent(LocalElasticAgent):
 
     # -- straggler reports -----------------------------------------------------------
 
-    def _read_straggler_scores(self) -> None:
+    def _read_straggler_scores(self, *, now: bool = False) -> None:
         """Rank 0's new straggler report: the score gauges, a journal record, the goodput.
 
         The record (``straggler_report``) carries the report's wait fraction and window,
         from which the ledger (and the job summary's merge) takes the straggler wait.
+        ``now``: look at once (the last look before a new cycle starts).
         """
-        scores = self._straggler.poll()
+        scores = self._straggler.poll_now() if now else self._straggler.poll()
         if scores is None:
             return
+        cycle = self._straggler.cycle_of(scores)  # when it was written, not when read
         try:
-            for kind in ("relative", "individual"):
-                self._metrics.straggler_scores(scores.scores(kind), kind)
+            self._straggler.show(scores)
             wait = self._straggler.wait(scores)
             worst = scores.worst("relative")
             self._recorder.record(
                 StragglerReported(
-                    cycle=self._cycle.number,
+                    cycle=self._cycle.number if cycle is None else cycle,
                     written_at=scores.written_at,
                     window_start=None if wait is None else wait.start,
                     window_end=None if wait is None else wait.end,
                     wait_fraction=None if wait is None else wait.fraction,
+                    forward_section=scores.forward_section,
                     step_section=scores.step_section,
                     ranks=len(scores.ranks),
                     worst_rank=None if worst is None else worst[0],
@@ -499,11 +503,16 @@ class FtAgent(LocalElasticAgent):
         for local_rank in range(worker_group.spec.local_world_size):
             self._metrics.monitor_health(local_rank, True)
         self._steps.before_start(self._state.cycle, restart=self._cycle_started)
+        if self._cycle_started:  # a report the last cycle's rank 0 wrote just before it ended
+            self._read_straggler_scores(now=True)
         self._cycle = _Cycle(
             number=self._state.cycle,
             started=time.time(),
             progress=read_progress(self._policy.progress_file),
         )
+        # The new cycle's rank 0 (maybe on another node, in a smaller world) reports anew:
+        # no gauge keeps a score of the last cycle's ranks.
+        self._straggler.start_cycle(self._cycle.number, self._cycle.started)
         self._steps.cycle_started(
             self._cycle.number,
             self._state.cycle,

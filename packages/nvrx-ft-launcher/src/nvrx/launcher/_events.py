@@ -311,9 +311,13 @@ class StragglerReported(Event):
     #: The report's window (Unix times); None where the report did not say.
     window_start: float | None
     window_end: float | None
-    #: Share of each step the ranks waited for the slowest: 1 - median / max of the ranks'
-    #: step times (``step_section``); None without step times for two ranks or a window.
+    #: Share of each step the median rank waited for the slowest one's forward section:
+    #: (max - median) / step of the ranks' ``forward_section`` medians over the median
+    #: ``step_section`` (whole step) time; without step times 1 - median / max of the
+    #: forward medians. None without forward times for two ranks or a window.
     wait_fraction: float | None
+    #: The sections whose medians give the forward and the whole-step times (None: none).
+    forward_section: str | None
     step_section: str | None
     #: Ranks in the report.
     ranks: int
@@ -324,7 +328,10 @@ class StragglerReported(Event):
 
 @dataclasses.dataclass(frozen=True)
 class StragglerReportIgnored(Event):
-    """The straggler-scores file could not be used (journaled once per version of the file)."""
+    """The straggler-scores file could not be used (journaled once per version of the file).
+
+    The log says so once per launcher (WARNING; later ones at DEBUG).
+    """
 
     EVENT: ClassVar[str] = "straggler_report_ignored"
     cycle: int

@@ -44,6 +44,8 @@ import argparse
 import contextlib
 import dataclasses
 import enum
+import heapq
+import itertools
 import json
 import math
 import sys
@@ -145,8 +147,11 @@ class IterationSample:
 class StragglerWait:
     """Between ``start`` and ``end`` the ranks waited ``fraction`` of each step for the slowest.
 
-    From a straggler report: ``1 - median / max`` of the ranks' step times
-    (:meth:`from_step_times`).
+    From a straggler report: the launcher takes the report's wait fraction
+    (``nvrx.ft.StragglerScores.wait_fraction``: the forward-section gap over the whole
+    step); :meth:`from_step_times` is ``1 - median / max`` of whole step times, right
+    where the slow rank's extra time is all in its step's own compute. Where waits
+    overlap, :func:`account` counts the time once, at the latest report's fraction.
     """
 
     start: float
@@ -370,6 +375,70 @@ def _sorted_waits(waits: Iterable[StragglerWait]) -> tuple[StragglerWait, ...]:
     return tuple(sorted(set(waits), key=lambda w: (w.start, w.end, w.fraction)))
 
 
+#: Most straggler waits a node's timeline carries (its store value holds at most 64 KiB;
+#: one wait takes ~60 bytes of JSON).
+_MAX_TIMELINE_WAITS = 256
+#: Waits this close (seconds) count as adjacent: one report's window ends where the next starts.
+_ADJACENT_S = 1e-3
+
+
+def _union(waits: Iterable[StragglerWait]) -> list[StragglerWait]:
+    """Disjoint pieces covering every wait once; where waits overlap the latest report's
+    (the one ending last) fraction holds. Touching pieces of one fraction are joined."""
+    ordered = sorted((w for w in waits if w.end > w.start), key=lambda w: w.start)
+    points = sorted({p for w in ordered for p in (w.start, w.end)})
+    active: list[tuple[float, float, float]] = []  # (-end, -start, -fraction): latest on top
+    out: list[StragglerWait] = []
+    i = 0
+    for a, b in itertools.pairwise(points):
+        while i < len(ordered) and ordered[i].start <= a:
+            w = ordered[i]
+            heapq.heappush(active, (-w.end, -w.start, -w.fraction))
+            i += 1
+        while active and -active[0][0] <= a:  # the latest has ended: so have all
+            heapq.heappop(active)
+        if not active:
+            continue
+        fraction = min(max(-active[0][2], 0.0), 1.0)
+        if out and out[-1].end == a and out[-1].fraction == fraction:
+            out[-1] = StragglerWait(out[-1].start, b, fraction)
+        else:
+            out.append(StragglerWait(a, b, fraction))
+    return out
+
+
+def _joined(run: Sequence[StragglerWait]) -> StragglerWait:
+    """One wait over ``run``'s span with the same wait seconds (time-weighted fraction)."""
+    start, end = run[0].start, run[-1].end
+    seconds = sum((w.end - w.start) * w.fraction for w in run)
+    return StragglerWait(start, end, min(max(seconds / (end - start), 0.0), 1.0))
+
+
+def _coalesced(by_cycle: Mapping[int | None, Iterable[StragglerWait]]) -> tuple[StragglerWait, ...]:
+    """A node's waits, few enough for the nodes' timeline exchange.
+
+    Within each cycle the waits are made disjoint (:func:`_union`) and adjacent ones (a
+    report's window starting where the last ended) joined into one with their total wait
+    seconds: a run of any length is one wait per cycle. Should more than
+    _MAX_TIMELINE_WAITS remain (reports with gaps between them), neighbours are joined
+    pairwise, which spreads a wait over the gap between them.
+    """
+    waits: list[StragglerWait] = []
+    for cycle in sorted(by_cycle, key=lambda c: -1 if c is None else c):
+        run: list[StragglerWait] = []
+        for w in _union(by_cycle[cycle]):
+            if run and w.start - run[-1].end > _ADJACENT_S:
+                waits.append(_joined(run))
+                run = []
+            run.append(w)
+        if run:
+            waits.append(_joined(run))
+    waits.sort(key=lambda w: (w.start, w.end))
+    while len(waits) > _MAX_TIMELINE_WAITS:
+        waits = [_joined(waits[i : i + 2]) for i in range(0, len(waits), 2)]
+    return tuple(waits)
+
+
 def _wait(start: float, end: float, fraction: float) -> StragglerWait:
     """A wait from outside (a journal line, another node's timeline); ValueError if impossible."""
     if end < start or not 0.0 <= fraction <= 1.0:
@@ -416,7 +485,7 @@ def _node_timeline(node: str, records: Sequence[Mapping[str, Any]]) -> Timeline:
     cycles: dict[int, CycleTimes] = {}
     start = end = None
     marks: list[CheckpointMark] = []
-    waits: list[StragglerWait] = []
+    waits: dict[int | None, list[StragglerWait]] = {}
     group_rank: int | None = None
 
     def update(cycle: int, **changes: Any) -> None:
@@ -437,7 +506,8 @@ def _node_timeline(node: str, records: Sequence[Mapping[str, Any]]) -> Timeline:
             window = [_opt_num(r, k) for k in ("window_start", "window_end", "wait_fraction")]
             if None not in window:
                 with contextlib.suppress(ValueError):  # a damaged line adds no wait
-                    waits.append(_wait(*cast("list[float]", window)))
+                    wait = _wait(*cast("list[float]", window))
+                    waits.setdefault(cycle if isinstance(cycle, int) else None, []).append(wait)
         if not isinstance(cycle, int):
             continue
         evidence = _evidence(r)
@@ -478,7 +548,7 @@ def _node_timeline(node: str, records: Sequence[Mapping[str, Any]]) -> Timeline:
         cycles=tuple(cycles[k] for k in sorted(cycles)),
         checkpoints=tuple(marks),
         group_ranks=() if group_rank is None else ((node, group_rank),),
-        straggler=_sorted_waits(waits),
+        straggler=_coalesced(waits),
     )
 
 
@@ -746,10 +816,9 @@ def account(
     if not cycles:
         span(end, Phase.STARTUP)
     wait = 0.0
-    for w in _sorted_waits([*tl.straggler, *straggler]):
-        fraction = min(max(w.fraction, 0.0), 1.0)
+    for w in _union([*tl.straggler, *straggler]):  # overlapping reports count once
         for a, b in productive:
-            wait += max(0.0, min(b, w.end) - max(a, w.start)) * fraction
+            wait += max(0.0, min(b, w.end) - max(a, w.start)) * w.fraction
     wait = min(wait, seconds[Phase.PRODUCTIVE])
     seconds[Phase.PRODUCTIVE] -= wait
     seconds[Phase.STRAGGLER_WAIT] += wait

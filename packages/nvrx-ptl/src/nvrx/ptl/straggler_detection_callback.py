@@ -45,12 +45,14 @@ class StragglerDetectionCallback(Callback):
     each score to the Trainer's loggers.
 
     Under ``ft_launcher`` rank 0 also hands each full report to its launcher
-    (:func:`nvrx.ft.publish_straggler_report`, once per report, never raising), which
-    serves the per-rank scores as ``nvrx_straggler_score`` and counts the time the
-    ranks waited for the slowest one as straggler wait in its goodput: ``1 - median /
-    max`` of the ranks' forward-pass medians (the whole steps are equally long under
-    data-parallel training, where the fast ranks wait inside the gradient all-reduce),
-    an upper bound that is exact when the slow rank is slow throughout its step.
+    (:func:`nvrx.ft.publish_straggler_report`, once per report: a hand-over to a
+    background writer, never raising), which serves the per-rank scores as
+    ``nvrx_straggler_score`` and counts the time the ranks waited for the slowest one as
+    straggler wait in its goodput: ``(max - median) / step`` of the ranks' forward-pass
+    medians over the median whole step (``train_step``; the whole steps are equally long
+    under data-parallel training, where the fast ranks wait inside the gradient
+    all-reduce). Only slowness in the forward pass counts: a rank slow only in its
+    backward pass or data loading shows no wait.
 
     Scores run from 0 to 1 (1: as fast as the reference; 0.5: twice as slow). GPU
     scores need CUPTI (``nvrx-straggler[cupti]``) and a GPU; section scores work
@@ -464,9 +466,9 @@ class StragglerDetectionCallback(Callback):
     def _publish(self, report: Report) -> None:
         """Hand the full report to ft_launcher, if it asked (a file write; never raises).
 
-        Its step times are the forward pass's: see the class doc on the straggler wait.
-
-        A failure is one WARNING from ``nvrx.ft.straggler_scores``; training carries on.
+        The forward pass's and the whole step's medians go with it: see the class doc on
+        the straggler wait. A background thread writes it (this returns at once); a
+        failure is one WARNING from ``nvrx.ft.straggler_scores``; training carries on.
         """
         now = time.time()
         start, self._window_start = self._window_start, now
@@ -474,7 +476,8 @@ class StragglerDetectionCallback(Callback):
             report,
             window_start=start,
             window_end=now,
-            step_section=self._forward_section or STEP_SECTION,
+            forward_section=self._forward_section or STEP_SECTION,
+            step_section=STEP_SECTION,
         )
 
     def _score_sets(self, report: Report) -> list[tuple[str, str, Mapping[int, float]]]:
