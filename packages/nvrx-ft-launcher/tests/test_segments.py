@@ -115,6 +115,24 @@ def test_before_the_settle_window_nothing_breaks() -> None:
     assert [s.name for s in got.segments] == ["A#0", "B#0"]
 
 
+def test_a_half_present_standby_segment_is_no_candidate_but_not_broken() -> None:
+    first = Election(
+        0,
+        (
+            Segment("A#0", "A", ("a0", "a1")),
+            Segment("B#0", "B", ("b0", "b1")),
+            Segment("C#0", "C", ("c0", "c1")),
+        ),
+        ("A#0",),
+    )
+    present = [_m("a1", "A", 1), _m("b0", "B", 2), _m("c0", "C", 4), _m("c1", "C", 5)]
+    got = elect(1, present, first, size=2, need=1, settled=True)
+    assert got is not None
+    assert got.active == ("C#0",)
+    assert [s.name for s in got.broken] == ["A#0"]  # active, lost a node
+    assert [s.name for s in got.segments] == ["B#0", "C#0"]  # B: a slow spare, kept
+
+
 def test_a_fully_absent_standby_segment_is_kept_not_broken() -> None:
     first = Election(
         0,
@@ -540,3 +558,67 @@ def test_gate_refuses_a_launcher_beyond_max() -> None:
         assert stores[2].add("nvrx.launcher/segments/seg/0/count", 0) == 2
     finally:
         waiting.join(20)  # the two time out (join_timeout 4 s)
+
+
+def test_standbys_take_over_when_every_active_node_is_lost_at_once() -> None:
+    """The whole active segment dies (its NVLink domain): nobody comes back to open the
+    next epoch, so the standbys open it once torch's rendezvous has listed no node for a
+    keep-alive window."""
+    server = _store()
+    gates = _gates(4, "AABB")
+    stores = [_client(server) for _ in gates]
+
+    def handler(store: Any) -> Any:
+        return dynamic_rendezvous.DynamicRendezvousHandler.from_backend(
+            "seg",
+            store,
+            C10dRendezvousBackend(store, "seg"),
+            min_nodes=2,
+            max_nodes=2,
+            timeout=dynamic_rendezvous.RendezvousTimeout(
+                join=datetime.timedelta(seconds=30),
+                last_call=datetime.timedelta(seconds=0.5),
+            ),
+            keep_alive_interval=1,
+            keep_alive_max_attempt=2,
+        )
+
+    handlers = [handler(st) for st in stores]
+    done: dict[int, object] = {}
+
+    def run(i: int) -> None:
+        try:
+            done[i] = gates[i].admit(handlers[i], stores[i])
+        except BaseException as exc:
+            done[i] = exc
+
+    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads[:2]:
+        t.join(20)
+    assert done == {0: True, 1: True}
+    # A's two nodes form torch's round, run a while, then both die (no more keep-alives).
+    ranks: dict[int, int] = {}
+
+    def join(i: int) -> None:
+        ranks[i] = handlers[i].next_rendezvous().rank
+
+    joins = [threading.Thread(target=join, args=(i,), daemon=True) for i in (0, 1)]
+    for t in joins:
+        t.start()
+    for t in joins:
+        t.join(20)
+    assert sorted(ranks.values()) == [0, 1]
+    time.sleep(4.0)  # longer than the settle + keep-alive window: the round is listed
+    assert threads[2].is_alive(), "a standby started while the active segment ran"
+    for i in (0, 1):
+        handlers[i]._stop_heartbeats()
+    for t in threads[2:]:
+        t.join(20)
+    assert done[2] is True
+    assert done[3] is True
+    assert [g.epoch for g in gates[2:]] == [1, 1]
+    election = gates[2]._elections[1]
+    assert election.active == ("B#0",)
+    assert [s.name for s in election.broken] == ["A#0"]

@@ -38,7 +38,7 @@ from ._gpu_memory import GpuMemoryWatch
 from ._group_rank import GroupRankAligner
 from ._node_health import NodeHealth, NodeHealthChecker
 from ._numa import NumaPlan
-from ._segment_gate import GateFull, SegmentGate, SegmentLeave, hosts_store
+from ._segment_gate import GateFull, SegmentGate, SegmentLeave, hosts_store, keep_alive_window
 from ._torch_compat import leave_rendezvous, rendezvous_nodes, rendezvous_store
 from .exit_codes import ExitCode
 
@@ -49,6 +49,8 @@ logger = logging.getLogger("nvrx.launcher")
 #: How long a store host of a broken segment stays after the job ended (the others'
 #: leave barrier, a few store calls).
 _HOST_GRACE_S = 3.0
+#: ... and how long past torch's keep-alive window it waits once no node is listed.
+_HOST_IDLE_S = 60.0
 
 
 class CycleSteps:
@@ -199,9 +201,7 @@ class CycleSteps:
                 "until the job ends, then exits %d",
                 int(ExitCode.NODE_EXCLUDED),
             )
-            while not handler.is_closed():
-                time.sleep(1.0)
-            time.sleep(_HOST_GRACE_S)  # the others' last store calls (leave barrier)
+            _host_until_the_job_ends(handler)
         raise LauncherExit(
             int(ExitCode.NODE_EXCLUDED),
             f"segment {exc.segment.name} broke: {exc.reason}",
@@ -305,6 +305,28 @@ class CycleSteps:
         )
 
 
+def _host_until_the_job_ends(handler: RendezvousHandler) -> None:
+    """Serve the store until the rendezvous closes, or no node has used it for a while.
+
+    A job whose other launchers all failed never closes the rendezvous: once torch has
+    listed no node for a keep-alive window plus :data:`_HOST_IDLE_S`, nobody needs it.
+    """
+    idle_after = keep_alive_window(handler) + _HOST_IDLE_S
+    empty_since: float | None = None
+    while not handler.is_closed():
+        found = rendezvous_nodes(handler)
+        now = time.monotonic()
+        if found is None or found[0] > 0:
+            empty_since = None
+        elif empty_since is None:
+            empty_since = now
+        elif now - empty_since > idle_after:
+            logger.warning("no node has used the rendezvous for %.0f s", now - empty_since)
+            return
+        time.sleep(1.0)
+    time.sleep(_HOST_GRACE_S)  # the others' last store calls (leave barrier)
+
+
 def _one_too_many(reason: str) -> NoReturn:
     from ._agent import LauncherExit  # the agent imports this module
 
@@ -313,10 +335,7 @@ def _one_too_many(reason: str) -> NoReturn:
 
 def _refuse_beyond_max(handler: RendezvousHandler, max_nodes: int) -> None:
     """Leave (exit 2) if MAX nodes stay in the rendezvous past torch's keep-alive window."""
-    settings = getattr(handler, "settings", None)
-    interval = getattr(settings, "keep_alive_interval", None)
-    attempts = getattr(settings, "keep_alive_max_attempt", 3)
-    window = (interval.total_seconds() if interval is not None else 5.0) * attempts + 1.0
+    window = keep_alive_window(handler) + 1.0
     deadline = time.monotonic() + window
     said = False
     while True:

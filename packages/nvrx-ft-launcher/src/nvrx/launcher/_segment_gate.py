@@ -34,7 +34,7 @@ from torch.distributed.elastic.rendezvous.api import RendezvousTimeoutError
 
 from ._group_rank import InfraKey, _seal, _unseal, infra_key
 from ._segments import Election, Member, Segment, SegmentSettings, elect
-from ._torch_compat import Store
+from ._torch_compat import Store, rendezvous_nodes
 
 __all__: list[str] = []
 
@@ -257,6 +257,15 @@ class SegmentGate:
         opened_at: float | None = None
         index = -1
         next_closed_check = 0.0
+        # A standby that saw the last election opens the next epoch itself when every
+        # active node is lost at once (nobody is left to open it): torch's rendezvous
+        # listed nodes since, and has listed none for a keep-alive and a settle window
+        # (or never listed any within the join timeout).
+        orphan_after = settle + keep_alive_window(handler)
+        watch_from = time.monotonic()
+        empty_since: float | None = None
+        seen_listed = False
+        watch_round = not opener and epoch > 0 and (epoch - 1) in self._elections
         while True:
             election = self._election(store, epoch)
             if election is not None:
@@ -284,6 +293,24 @@ class SegmentGate:
                 next_closed_check = now + _CLOSED_CHECK_S
                 if handler.is_closed():
                     return None
+                if watch_round and opened_at is None:
+                    found = rendezvous_nodes(handler)
+                    if found is None or found[0] > 0:
+                        seen_listed = seen_listed or found is not None
+                        empty_since = None
+                    elif empty_since is None:
+                        empty_since = now
+                    gone = empty_since is not None and (
+                        now - empty_since > orphan_after if seen_listed else now - watch_from > join
+                    )
+                    if gone:
+                        logger.warning(
+                            "no node is left in the rendezvous: every active node is gone; "
+                            "this standby opens epoch %d",
+                            epoch,
+                        )
+                        self._count(store, f"{epoch}/open", 1)
+                        watch_round = False
             time.sleep(_POLL_S)
 
     def _refuse_beyond_max(self, store: Store, epoch: int) -> None:
@@ -358,6 +385,15 @@ def hosts_store(store: Store) -> bool:
         except (OSError, ValueError):
             continue
     return False
+
+
+def keep_alive_window(handler: RendezvousHandler) -> float:
+    """How long torch lists a dead node: keep_alive_interval x keep_alive_max_attempt."""
+    settings = getattr(handler, "settings", None)
+    interval = getattr(settings, "keep_alive_interval", None)
+    attempts = getattr(settings, "keep_alive_max_attempt", 3)
+    seconds = interval.total_seconds() if isinstance(interval, timedelta) else 5.0
+    return seconds * (attempts if isinstance(attempts, int) else 3)
 
 
 def _timeout(handler: RendezvousHandler, name: str, default: float) -> float:

@@ -11,9 +11,10 @@ back say so, and one of them runs :func:`elect` on what it sees.
 - A segment is complete when every one of its nodes came back. The active segments of
   the previous epoch come first (NVRx 0.7: hot-spare rounds prefer returning active
   nodes), then the others in scheduler order (their lowest member first).
-- A segment that lost a node is *broken*: its other nodes leave the job. Only an
-  election that waited its full settle window declares segments broken; the fast one
-  (every active node came back) changes nothing but the epoch.
+- An active segment that lost a node is *broken*: its other nodes leave the job. Only
+  an election that waited its full settle window declares segments broken; the fast one
+  (every active node came back) changes nothing but the epoch. A standby segment not
+  all there is only no candidate (a slow node must not cost a spare).
 """
 
 from __future__ import annotations
@@ -192,10 +193,12 @@ def elect(
         if len(arrived) == size:
             complete.append((seg, min(here[n].key for n in seg.members)))
             kept.append(seg)
-        elif settled and (arrived or seg.name in prev_active):
-            broken.append(seg)  # lost a node: the others leave
+        elif settled and seg.name in prev_active:
+            broken.append(seg)  # an active segment lost a node: the others leave
         else:
-            kept.append(seg)  # a standby segment not back yet, or not settled
+            # A standby segment not all here: slow, or one of its nodes died; it is no
+            # candidate now, and breaking it for a slow node would lose a good spare.
+            kept.append(seg)
     in_segment = {n for s in known for n in s.members}
     formed, _waiting = _new_segments(
         (m for m in present if m.node not in in_segment), size, {s.name for s in known}
