@@ -92,3 +92,30 @@ def test_rank_zeros_report_reaches_journal_metrics_and_goodput(
     seconds = summary["summary"]["seconds"]
     assert seconds["straggler_wait"] == pytest.approx(0.125 * window, abs=1e-6)
     assert not os.path.exists(scores_file)  # went with the launcher's runtime dir
+
+
+def test_a_restart_clears_the_gauges_and_the_last_report_keeps_its_cycle(
+    launch: Launch, out_dir: pathlib.Path, tmp_path: pathlib.Path
+) -> None:
+    """Review findings 4 and 7: cycle 0's rank 0 reports just before the fault; in cycle 1
+    no gauge of cycle 0 is served and the report is journaled as cycle 0's."""
+    journal = tmp_path / "ft-journal.jsonl"
+    run = launch(
+        ["--journal", str(journal), "--restart"],
+        [f"--ft-journal={journal}", "--ft-metrics-port=0", "--max-restarts=1"],
+        script=SCRIPT,
+        nproc=2,
+    )
+    run.wait_until(lambda: (out_dir / "cycle1").exists(), 120, "cycle 1")
+    run.wait_until(lambda: bool(journal_events(journal, "straggler_report")), 30, "the report")
+    [report] = journal_events(journal, "straggler_report")
+    assert report["cycle"] == 0, report
+    assert report["wait_fraction"] == pytest.approx((0.2 - 0.15) / 0.4)
+    cycles = [r["cycle"] for r in journal_events(journal, "workers_started")]
+    assert cycles == [0, 1], cycles
+    [start] = journal_events(journal, "run_start")
+    text = _scrape(str(start["metrics_url"]))
+    assert run.proc.poll() is None, "the run ended before the scrape"
+    assert "nvrx_straggler_score{" not in text, text
+    (out_dir / "go").touch()
+    run.expect_exit(0, 120)

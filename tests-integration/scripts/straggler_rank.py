@@ -7,6 +7,10 @@ launcher must refuse and waits until the launcher journaled ``straggler_report_i
 then it publishes, through :func:`nvrx.ft.publish_straggler_report`, a report-like object
 with those step times over a window it measured, writes the window to
 ``<out>/published.json`` and waits for ``<out>/go`` (the test scrapes the metrics first).
+
+``--restart``: cycle 0's rank 0 publishes the same report and both ranks exit 1 at once
+(the report is written just before the fault); in cycle 1 rank 0 writes ``<out>/cycle1``
+and no report, and both wait for ``<out>/go``.
 """
 
 from __future__ import annotations
@@ -65,7 +69,10 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=pathlib.Path, required=True)
     parser.add_argument("--journal", type=pathlib.Path, required=True)
+    parser.add_argument("--restart", action="store_true")
     args = parser.parse_args()
+    if args.restart:
+        return restart_run(args.out)
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=180))
     rank, world = dist.get_rank(), dist.get_world_size()
     mine = torch.tensor([0.1 * (rank + 1)], dtype=torch.float64)
@@ -79,19 +86,7 @@ def main() -> int:
         pathlib.Path(path).write_text("not a report")  # the launcher must refuse this one
         _wait_for(lambda: _journaled(args.journal, "straggler_report_ignored"), "the refusal")
         forward_s = {r: float(t.item()) for r, t in enumerate(steps)}  # 0.1 s and 0.2 s
-        fastest = min(forward_s.values())
-        relative = {r: fastest / s for r, s in forward_s.items()}
-        report = Report(
-            gpu_relative_perf_scores=relative,
-            gpu_individual_perf_scores=dict.fromkeys(forward_s, 0.9),
-            section_relative_perf_scores={FORWARD_SECTION: relative},
-            section_individual_perf_scores={},
-            rank_to_node=dict.fromkeys(forward_s, "localhost"),
-            section_median_times={
-                FORWARD_SECTION: {r: s * 1000.0 for r, s in forward_s.items()},
-                STEP_SECTION: dict.fromkeys(forward_s, STEP_S * 1000.0),  # equal under DDP
-            },
-        )
+        report = _report(forward_s)
         ok = publish_straggler_report(
             report,
             window_start=start,
@@ -103,6 +98,50 @@ def main() -> int:
         published = {"ok": ok, "path": path, "start": start, "end": end, "forward_s": forward_s}
         (args.out / "published.json").write_text(json.dumps(published))
         _wait_for(lambda: (args.out / "go").exists(), "the test's go")
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+def _report(forward_s: Mapping[int, float]) -> Report:
+    fastest = min(forward_s.values())
+    relative = {r: fastest / s for r, s in forward_s.items()}
+    return Report(
+        gpu_relative_perf_scores=relative,
+        gpu_individual_perf_scores=dict.fromkeys(forward_s, 0.9),
+        section_relative_perf_scores={FORWARD_SECTION: relative},
+        section_individual_perf_scores={},
+        rank_to_node=dict.fromkeys(forward_s, "localhost"),
+        section_median_times={
+            FORWARD_SECTION: {r: s * 1000.0 for r, s in forward_s.items()},
+            STEP_SECTION: dict.fromkeys(forward_s, STEP_S * 1000.0),
+        },
+    )
+
+
+def restart_run(out: pathlib.Path) -> int:
+    """Cycle 0 reports and fails; cycle 1 runs without a report until the test says go."""
+    cycle = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=180))
+    rank = dist.get_rank()
+    if cycle == 0:
+        if rank == 0:
+            start = time.time()
+            time.sleep(0.5)
+            publish_straggler_report(
+                _report({0: 0.1, 1: 0.2}),
+                window_start=start,
+                window_end=time.time(),
+                forward_section=FORWARD_SECTION,
+                step_section=STEP_SECTION,
+            )
+            if not flush_straggler_reports(60.0):
+                return 4
+        dist.barrier()  # the report is on disk: now the fault, on every rank at once
+        return 1
+    if rank == 0:
+        (out / "cycle1").touch()
+    _wait_for(lambda: (out / "go").exists(), "the test's go", timeout=120.0)
     dist.barrier()
     dist.destroy_process_group()
     return 0
