@@ -4,10 +4,13 @@ One definition of the format, used by both sides: the rank that holds a full str
 report (rank 0 with ``gather_on_rank0``) writes it with :func:`publish_straggler_report`
 (or :func:`write_straggler_scores`) to the path the launcher gives every rank in
 ``NVRX_STRAGGLER_SCORES_FILE``; the launcher reads it with :func:`read_straggler_scores`,
-which trusts nothing in it (types, finite values, bounds, size and rank count are
-checked; a ``ValueError`` names what is wrong). The launcher turns it into the
-``nvrx_straggler_score`` gauges, a ``straggler_report`` journal record and the goodput's
-straggler wait. The JSON Schema ships beside this module
+which trusts nothing in it (no symbolic link, a regular file of the reader's own user;
+types, finite values, bounds, size and rank count are checked; a ``ValueError`` names
+what is wrong). The launcher turns it into the ``nvrx_straggler_score`` gauges, a
+``straggler_report`` journal record and the goodput's straggler wait
+(:meth:`StragglerScores.wait_fraction`). Publishing runs off the training loop: one
+background thread converts and writes the latest report (:func:`publish_straggler_report`,
+:func:`flush_straggler_reports`). The JSON Schema ships beside this module
 (:func:`straggler_scores_schema_path`).
 
 This module imports nothing of ``nvrx.straggler``: a report is read through its
