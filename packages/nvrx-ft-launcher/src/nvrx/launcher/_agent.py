@@ -629,6 +629,11 @@ class FtAgent(LocalElasticAgent):
         watched: list[Any] = [self._monitors.fileno()]
         if self._wake is not None:
             watched.append(self._wake)
+        # A decision another node took wakes the loop at once (the next tick reads it);
+        # None: no decision watcher (etcd, or its store failed).
+        decisions = None if self._coord is None else self._coord.fileno()
+        if decisions is not None:
+            watched.append(decisions)
         ready, _, _ = select.select(watched, [], [], timeout)
         if self._wake is not None and self._wake in ready:
             with contextlib.suppress(BlockingIOError):
