@@ -283,6 +283,8 @@ def test_cluster_uuid_of_the_gpus() -> None:
         nvml_cluster_uuid(_fake_nvml([None]))
     with pytest.raises(ValueError, match="no GPU"):
         nvml_cluster_uuid(_fake_nvml([]))
+    with pytest.raises(ValueError, match="cannot read NVLink fabric info"):
+        nvml_cluster_uuid(types.SimpleNamespace())  # an older pynvml
 
 
 @pytest.mark.gpu
@@ -293,7 +295,9 @@ def test_the_real_nvml_gives_an_id_or_a_reason() -> None:
         got = _from_nvml()
     except ValueError as exc:  # GPUs without an NVLink fabric (not an NVL system)
         reason = str(exc)
-        assert any(word in reason for word in ("NVLink", "NVML", "pynvml")), reason
+        # On a GPU machine NVML itself must work: only the fabric may be missing.
+        assert "NVLink" in reason, reason
+        assert "NVML is not available" not in reason, reason
     else:
         assert uuid.UUID(got)
 

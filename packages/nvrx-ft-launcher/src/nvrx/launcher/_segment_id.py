@@ -37,7 +37,7 @@ def nvml_cluster_uuid(nvml: Any) -> str:
     """
     read: Callable[[Any], Any] | None = getattr(nvml, "nvmlDeviceGetGpuFabricInfo", None)
     if read is None:
-        raise ValueError("this pynvml has no nvmlDeviceGetGpuFabricInfo")
+        raise ValueError("this pynvml cannot read NVLink fabric info (nvmlDeviceGetGpuFabricInfo)")
     count = int(nvml.nvmlDeviceGetCount())
     if count == 0:
         raise ValueError("NVML sees no GPU")
