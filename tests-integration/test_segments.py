@@ -131,3 +131,50 @@ def test_a_lost_node_takes_its_segment_out_and_the_standby_segment_takes_over(
     worlds = {e["attempt"]: e["world"] for e in journal if e["event"] == "start"}
     assert worlds == {0: 2, 1: 2}
     assert_every_step_once(journal, STEPS, ranks=(0, 1))
+
+
+def test_a_job_that_ends_with_a_standby_segment_waiting_exits_0_everywhere(
+    launch: Launch,
+    tmp_path: pathlib.Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No failure: segment A runs the job to its end while B waits. B's nodes never
+    joined one of torch's rounds; they end as standbys do (exit 0), not with exit 5."""
+    port = free_port()
+    rdzv = [
+        "--nnodes=2:4",
+        "--ft-segment=2",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint=127.0.0.1:{port}",
+        "--rdzv-id=segments-end",
+        "--rdzv-conf=last_call_timeout=2,join_timeout=120,keep_alive_interval=1,"
+        "keep_alive_max_attempt=3",
+        "--max-restarts=0",
+    ]
+    journals = [tmp_path / f"j{i}.jsonl" for i in range(4)]
+    runs: list[LauncherRun] = []
+    for i in range(4):
+        monkeypatch.setenv("NVRX_SEGMENT_ID", SEGMENTS[i])
+        monkeypatch.setenv("GROUP_RANK", str(i))
+        runs.append(
+            launch(
+                ["--steps=6", "--step-time=0.2", "--checkpoint-every=100"],
+                [*rdzv, f"--ft-journal={journals[i]}"],
+                script=DDP_STEPS,
+                name=f"end{i}",
+                nproc=1,
+                standalone=False,
+            )
+        )
+        if i == 0:
+            wait_for_store(port)
+    for run in runs:
+        run.expect_exit(0, 180)
+    started = [i for i in range(4) if journal_events(journals[i], "workers_started")]
+    assert started in ([0, 1], [2, 3]), started
+    for i in range(4):
+        if i in started:
+            continue
+        (finished,) = journal_events(journals[i], "finished")
+        assert finished["exit_code"] == 0
+        assert finished["reason"] == "the job ended while this node waited as a standby"

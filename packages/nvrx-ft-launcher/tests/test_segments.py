@@ -626,3 +626,55 @@ def test_standbys_take_over_when_every_active_node_is_lost_at_once() -> None:
     election = gates[2]._elections[1]
     assert election.active == ("B#0",)
     assert [s.name for s in election.broken] == ["A#0"]
+
+
+def test_a_standby_segment_still_waiting_when_the_job_ends_exits_as_a_standby(
+    tmp_path: Any,
+) -> None:
+    """The job closes the rendezvous while segment B waits: B's launchers end the way
+    torch's standby nodes do (its graceful exit, ft_launcher's exit 0), not as a
+    rendezvous error (exit 5): they never joined one of torch's rounds."""
+    from torch.distributed.elastic.rendezvous import RendezvousGracefulExitError
+
+    from nvrx.launcher._cluster import ClusterOptions
+    from nvrx.launcher._cycle_steps import CycleSteps
+    from nvrx.launcher._events import Recorder
+    from nvrx.launcher.journal import JsonLines
+
+    server = _store()
+    gates = _gates(4, "AABB")
+    stores = [_client(server) for _ in gates]
+    handlers = [_handler(s, last_call=0.5) for s in stores]
+    for i in (2, 3):  # the standbys' next_rendezvous as the agent calls it
+        steps = CycleSteps(
+            ClusterOptions(standby_nodes=True, segments=gates[i].settings),
+            Recorder(JsonLines(tmp_path / f"j{i}"), JsonLines(None)),
+            f"n{i}",
+            run_id="seg",
+            job_key=b"k" * 32,
+        )
+        steps.gate = gates[i]
+        steps.install(handlers[i])
+    out: dict[int, object] = {}
+
+    def run(i: int) -> None:
+        try:
+            out[i] = (
+                gates[i].admit(handlers[i], stores[i]) if i < 2 else handlers[i].next_rendezvous()
+            )
+        except BaseException as exc:
+            out[i] = exc
+
+    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads[:2]:
+        t.join(20)
+    assert out == {0: True, 1: True}
+    assert threads[2].is_alive()
+    assert threads[3].is_alive()
+    handlers[0].set_closed()  # the job ended (an agent closes it when its ranks are done)
+    for t in threads[2:]:
+        t.join(20)
+    assert isinstance(out[2], RendezvousGracefulExitError), out[2]
+    assert isinstance(out[3], RendezvousGracefulExitError), out[3]

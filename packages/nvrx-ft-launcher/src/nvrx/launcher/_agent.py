@@ -1110,10 +1110,12 @@ class FtAgent(LocalElasticAgent):
         if self._rendezvous_closed:
             return
         self._rendezvous_closed = True
+        handler = self._worker_group.spec.rdzv_handler
         try:
-            self._worker_group.spec.rdzv_handler.shutdown()
+            handler.shutdown()
         except Exception as exc:  # the store host may already be gone
             logger.debug("closing the rendezvous: %s", exc)
+        self._steps.after_close(handler)
 
     def _leave_rendezvous(self) -> None:
         """Take this node out of the rendezvous now, so the others re-form without it.

@@ -17,7 +17,11 @@ import time
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousInfo
+from torch.distributed.elastic.rendezvous import (
+    RendezvousGracefulExitError,
+    RendezvousHandler,
+    RendezvousInfo,
+)
 from torch.distributed.elastic.rendezvous.static_tcp_rendezvous import StaticTCPRendezvous
 
 from nvrx.ft import CycleGoodput
@@ -133,6 +137,12 @@ class CycleSteps:
                 self._segment_left(handler, exc)
             except GateFull as exc:
                 _one_too_many(str(exc))
+            if not admitted and gate.epoch is None:
+                # A standby segment never elected: it joined none of torch's rounds, so
+                # torch would call the closed rendezvous an error (not its standby exit).
+                raise RendezvousGracefulExitError(
+                    "the rendezvous is closed: the job ended while this segment waited"
+                )
             if admitted and not self.aligner.nodes:
                 # New to the job's rounds (a standby segment): the round it joins says
                 # whose places it takes (node_replaced), as a returning node's would.
@@ -206,6 +216,19 @@ class CycleSteps:
             int(ExitCode.NODE_EXCLUDED),
             f"segment {exc.segment.name} broke: {exc.reason}",
         )
+
+    def after_close(self, handler: RendezvousHandler) -> None:
+        """The job ended: a store host of a segmented job serves a moment longer.
+
+        Standby segments wait at the gate, outside torch's rounds: they learn that the
+        job ended from the closed rendezvous (checked once a second), which needs the
+        store; without it they would fail with a store error (exit 5).
+        """
+        if self.gate is None:
+            return
+        store = rendezvous_store(handler)
+        if store is not None and hosts_store(store):
+            time.sleep(_HOST_GRACE_S)
 
     def feed(self, record: dict[str, Any]) -> None:
         """One journal record (the cycle-info file follows the journal)."""
