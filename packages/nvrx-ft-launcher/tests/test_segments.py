@@ -428,7 +428,7 @@ def test_gate_ignores_a_forged_key() -> None:
     # Someone without the job key writes a node into epoch 0 before the job starts.
     store.add("nvrx.launcher/segments/seg/0/count", 1)
     store.set(
-        "nvrx.launcher/segments/seg/0/n/0",
+        "nvrx.launcher/segments/seg/0/slot/0",
         '{"body": "{\\"node\\": \\"evil\\", \\"domain\\": \\"A\\", \\"tier\\": 0, '
         '\\"index\\": 0}", "mac": null}',
     )
@@ -678,3 +678,72 @@ def test_a_standby_segment_still_waiting_when_the_job_ends_exits_as_a_standby(
         t.join(20)
     assert isinstance(out[2], RendezvousGracefulExitError), out[2]
     assert isinstance(out[3], RendezvousGracefulExitError), out[3]
+
+
+def test_unsigned_counters_from_outside_the_job_decide_nothing(tmp_path: Any) -> None:
+    """The adds someone without the job key can make (open an epoch, push the place
+    count down or far up, take the elector's turn, move the current epoch on) neither
+    start the standby segment nor break the running one, nor stall the gate."""
+    server = _store()
+    outsider = _client(server)
+    p = "nvrx.launcher/segments/seg/"
+
+    def forge(epoch: int) -> None:
+        for name, by in (
+            ("open", 1),
+            ("opened", 1),
+            ("count", -1),
+            ("count", 10**7),
+            ("elector", 1),
+            ("elected", 5),
+        ):
+            outsider.add(f"{p}{epoch}/{name}" if name != "elected" else p + name, by)
+        outsider.set(f"{p}{epoch}/result", '{"body": "{}", "mac": null}')
+
+    forge(0)
+    gates = _gates(4, "AABB")
+    stores = [_client(server) for _ in gates]
+    handlers = [_handler(s, last_call=0.5) for s in stores]
+    out: dict[int, object] = {}
+
+    def run(i: int) -> None:
+        try:
+            out[i] = gates[i].admit(handlers[i], stores[i])
+        except BaseException as exc:
+            out[i] = exc
+
+    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads[:2]:
+        t.join(20)
+    assert out == {0: True, 1: True}  # A runs epoch 0
+    assert [g.epoch for g in gates[:2]] == [0, 0]
+    forge(1)  # while A runs and B waits
+    time.sleep(2.5)  # five settle windows
+    assert threads[2].is_alive(), out
+    assert threads[3].is_alive(), out
+    assert gates[2].epoch is None
+    assert _admit_all(gates[:2], stores[:2], handlers[:2]) == {0: True, 1: True}  # a restart
+    assert [g.epoch for g in gates[:2]] == [1, 1]
+    assert threads[2].is_alive(), out
+    handlers[0].set_closed()
+    for t in threads[2:]:
+        t.join(20)
+    assert out[2] is False  # the job ended while B waited
+    assert out[3] is False
+
+
+def test_a_restart_with_the_active_segments_back_skips_the_settle_window() -> None:
+    """MAX 4, segment A only (B never comes): every node of the last active segment is
+    back, which alone lets the restart's election go at once (not MAX nodes present)."""
+    server = _store()
+    gates = _gates(4, "AABB")[:2]
+    stores = [_client(server) for _ in gates]
+    first = [_handler(s, last_call=0.5) for s in stores]  # epoch 0 settles quickly
+    assert _admit_all(gates, stores, first) == {0: True, 1: True}
+    restart = [_handler(s, last_call=30.0) for s in stores]
+    started = time.monotonic()
+    assert _admit_all(gates, stores, restart) == {0: True, 1: True}
+    assert time.monotonic() - started < 10  # well inside the 30 s settle window
+    assert [g.epoch for g in gates] == [1, 1]

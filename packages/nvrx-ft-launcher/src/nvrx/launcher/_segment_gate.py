@@ -1,22 +1,32 @@
 """The segment gate: before torch's join, only the nodes of the elected segments go on.
 
 ``--ft-segment=N``. Each start and restart of the job is an *epoch* of the gate, in the
-rendezvous' own store (the base store, under ``nvrx.launcher/segments/<run id>/``):
+rendezvous' own store (the base store, under ``nvrx.launcher/segments/<run id>/``).
+Every value that decides anything is signed with the job key (bound to its store key);
+the only unsigned values are hints (``<e>/opened``, ``<e>/count``) that say where to
+look, never what to do:
 
-1. a node comes to the gate: the nodes active in the last epoch *open* the next one
-   (``<e>/open``); the others (standbys, late nodes) wait until it is open;
-2. each node says it is here: ``<e>/count`` (add) gives it an index ``i`` and it writes
-   ``<e>/n/<i>`` (its id, segment id and scheduler order), signed with the job key;
-3. a node that sees enough (every MAX node here, or every node of the last active
-   segments back, or the settle window, torch's ``last_call_timeout``, passed) runs
-   :func:`~._segments.elect`; the first to win ``<e>/elector`` (add) writes
-   ``<e>/result``, signed, and counts ``elected`` up;
-4. every node reads the result: an active node calls torch's join, a standby waits for
-   the next epoch (never inside a round), a node of a broken segment leaves the job.
+1. a node comes to the gate: the nodes active in the last epoch *open* the next one,
+   each with its signed marker ``<e>/open/<node>`` (a standby, when every active node is
+   gone, too); an epoch is open once a marker is valid from a node of one of the last
+   election's segments. The others (standbys, late nodes) wait until then;
+2. each node says it is here: it claims a place ``<e>/slot/<i>`` with compare_set (no
+   two nodes share one; the ``count`` hint only says where to start), the value its
+   signed id, segment id and scheduler order. At most MAX + a margin places;
+3. a node that sees enough (the first start: every MAX node here; a restart: every
+   node of the last active segments back; else the settle window, torch's
+   ``last_call_timeout``, passed) runs :func:`~._segments.elect`. Any node may, once
+   its place's stagger has passed (place x 2 s); the result is written with
+   compare_set(``<e>/result``, "", signed), so the first one stands;
+4. every node reads the result and checks its signature: an active node calls torch's
+   join, a standby waits for the next epoch (never inside a round), a node of a broken
+   segment leaves the job. A node new to the job finds the current epoch as the first
+   one without a valid result.
 
 So torch's rounds only ever hold the elected segments; torch's rank 0 checks it again
-(:mod:`._group_rank`). Store operations per node and epoch: a few adds and sets, one
-read of the result; the elector reads each node's key once.
+(:mod:`._group_rank`). A client without the key can still disturb the store (delete or
+overwrite keys: the gate then waits, and times out), but cannot choose who runs, open an
+epoch or break a segment.
 """
 
 from __future__ import annotations
@@ -42,10 +52,13 @@ logger = logging.getLogger("nvrx.launcher")
 
 _POLL_S = 0.1
 _CLOSED_CHECK_S = 1.0
-_MAX_INDEX = 10**7
-#: The first nodes to come to an epoch elect (the others only read the result): the
-#: first at once, the next ones later, should it die before writing the result.
-_ELECTORS = 3
+#: How often a waiting node verifies the open markers once the unsigned hint says so.
+_OPEN_CHECK_S = 1.0
+#: How often an elector reads the places (each empty place is one store check).
+_SCAN_S = 0.25
+#: Places beyond MAX (a few launchers too many, or values nobody can verify).
+_SLOT_MARGIN = 8
+#: Any node may elect; the one in place i after i x this, should the earlier ones die.
 _ELECTOR_STAGGER_S = 2.0
 
 
@@ -114,6 +127,10 @@ class SegmentGate:
         #: Each epoch's keys read so far (index -> member, None: not usable).
         self._seen: dict[tuple[int, int], Member | None] = {}
         self._said_standby = -1
+        #: Epochs whose open marker was verified; results warned about once.
+        self._open_epochs: set[int] = set()
+        self._bad_results: set[int] = set()
+        self._next_open_check = 0.0
 
     # -- store keys ----------------------------------------------------------------
 
@@ -137,33 +154,93 @@ class SegmentGate:
             return None
         try:
             election = Election.from_json(self._read(store, name), self.settings.size)
+            if election.epoch != epoch:
+                raise ValueError(f"an election for epoch {election.epoch}")
         except ValueError as exc:
-            logger.warning("ignoring the segment election of epoch %d: %s", epoch, exc)
-            return None
-        if election.epoch != epoch:
-            logger.warning(
-                "ignoring a segment election for epoch %d under %d", election.epoch, epoch
-            )
+            if epoch not in self._bad_results:
+                self._bad_results.add(epoch)
+                logger.warning("ignoring the segment election of epoch %d: %s", epoch, exc)
             return None
         self._elections[epoch] = election
         return election
 
+    def _current_epoch(self, store: Store) -> int:
+        """The first epoch without a valid result (a node new to the job starts there)."""
+        epoch = 0
+        while self._election(store, epoch) is not None:
+            epoch += 1
+        return epoch
+
+    def _places(self) -> int:
+        return self.settings.max_nodes + _SLOT_MARGIN
+
     def _present(self, store: Store, epoch: int) -> list[Member]:
+        """The nodes in the epoch's places (each place read once it is taken)."""
         found: dict[str, Member] = {}
-        for i in range(min(self._count(store, f"{epoch}/count"), _MAX_INDEX)):
-            name = f"{epoch}/n/{i}"
-            if (epoch, i) not in self._seen:
-                if not store.check([self._k(name)]):
-                    continue  # counted, not written yet
-                try:
-                    self._seen[epoch, i] = _parse_presence(self._read(store, name))
-                except ValueError as exc:
-                    logger.warning("ignoring segment gate key %s: %s", name, exc)
-                    self._seen[epoch, i] = None
-            member = self._seen[epoch, i]
+        for i in range(self._places()):
+            member = self._place_member(store, epoch, i)
             if member is not None:
                 found.setdefault(member.node, member)
         return list(found.values())
+
+    def _place_member(self, store: Store, epoch: int, i: int) -> Member | None:
+        name = f"{epoch}/slot/{i}"
+        if (epoch, i) not in self._seen:
+            if not store.check([self._k(name)]):
+                return None  # free
+            try:
+                self._seen[epoch, i] = _parse_presence(self._read(store, name))
+            except ValueError as exc:
+                logger.warning("ignoring segment gate key %s: %s", name, exc)
+                self._seen[epoch, i] = None
+        return self._seen[epoch, i]
+
+    def _claim(self, store: Store, epoch: int, member: Member, hint: int) -> int:
+        """Take a free place (compare_set: no two nodes share one), from ``hint`` on."""
+        places = self._places()
+        start = min(max(hint, 0), places - 1)
+        body = _presence(member)
+        for j in range(places):
+            i = (start + j) % places
+            key = self._k(f"{epoch}/slot/{i}")
+            sealed = _seal(self._key, self._run_id, key, body)
+            if store.compare_set(key, "", sealed) == sealed.encode():
+                self._seen[epoch, i] = member
+                return i
+        raise GateFull(
+            f"--nnodes {self.settings.min_nodes}:{self.settings.max_nodes}: all {places} "
+            f"places at the segment gate are taken; this launcher is one too many"
+        )
+
+    def _open(self, store: Store, epoch: int) -> None:
+        """Open ``epoch``: this node's signed marker, then the hint that one is there."""
+        self._write(store, f"{epoch}/open/{self._node}", _open_marker(epoch, self._node))
+        self._count(store, f"{epoch}/opened", 1)
+
+    def _is_open(self, store: Store, epoch: int, now: float) -> bool:
+        """Epoch 0 is open; a later one once a node of the last election's segments says so."""
+        if epoch == 0 or epoch in self._open_epochs:
+            return True
+        if now < self._next_open_check or self._count(store, f"{epoch}/opened") <= 0:
+            return False
+        self._next_open_check = now + _OPEN_CHECK_S
+        previous = self._election(store, epoch - 1)
+        if previous is None:
+            return False
+        for seg in previous.segments:
+            for node in seg.members:
+                name = f"{epoch}/open/{node}"
+                if not store.check([self._k(name)]):
+                    continue
+                try:
+                    valid = self._read(store, name) == _open_marker(epoch, node)
+                except ValueError as exc:
+                    logger.warning("ignoring segment gate key %s: %s", name, exc)
+                    continue
+                if valid:
+                    self._open_epochs.add(epoch)
+                    return True
+        return False
 
     # -- the last round, for node_replaced ------------------------------------------
 
@@ -197,7 +274,7 @@ class SegmentGate:
         when an open epoch finds too few complete segments within torch's join timeout.
         """
         was_active = self.epoch is not None
-        epoch = (self.epoch + 1) if self.epoch is not None else self._count(store, "elected")
+        epoch = (self.epoch + 1) if self.epoch is not None else self._current_epoch(store)
         while True:
             election = self._outcome(handler, store, epoch, opener=was_active)
             if election is None:
@@ -253,10 +330,10 @@ class SegmentGate:
         settle = _timeout(handler, "last_call", 30.0)
         join = _timeout(handler, "join", 600.0)
         if opener:
-            self._count(store, f"{epoch}/open", 1)
+            self._open(store, epoch)
         opened_at: float | None = None
         index = -1
-        next_closed_check = 0.0
+        next_closed_check = next_scan = 0.0
         # A standby that saw the last election opens the next epoch itself when every
         # active node is lost at once (nobody is left to open it): torch's rendezvous
         # listed nodes since, and has listed none for a keep-alive and a settle window
@@ -271,17 +348,20 @@ class SegmentGate:
             if election is not None:
                 return election
             now = time.monotonic()
-            if opened_at is None and (epoch == 0 or self._count(store, f"{epoch}/open") > 0):
+            if opened_at is None and self._is_open(store, epoch, now):
                 opened_at = now
                 if self.epoch is None and not self._elections:
                     self._refuse_beyond_max(store, epoch)
-                index = self._count(store, f"{epoch}/count", 1) - 1
-                mine = infra_key(self._env, index)
-                member = Member(self._node, self.settings.segment_id, mine)
-                self._write(store, f"{epoch}/n/{index}", _presence(member))
+                # The unsigned count: where to look for a free place, and the arrival
+                # order where the scheduler gives none (never who runs or breaks).
+                hint = max(self._count(store, f"{epoch}/count", 1) - 1, 0)
+                member = Member(self._node, self.settings.segment_id, infra_key(self._env, hint))
+                index = self._claim(store, epoch, member, hint)
+                next_scan = now
             if opened_at is not None:
                 waited = now - opened_at
-                if index < _ELECTORS and waited >= index * _ELECTOR_STAGGER_S:
+                if waited >= index * _ELECTOR_STAGGER_S and now >= next_scan:
+                    next_scan = now + _SCAN_S
                     self._try_elect(store, epoch, settled=waited >= settle)
                 if now - opened_at > join:
                     raise RendezvousTimeoutError(
@@ -309,7 +389,7 @@ class SegmentGate:
                             "this standby opens epoch %d",
                             epoch,
                         )
-                        self._count(store, f"{epoch}/open", 1)
+                        self._open(store, epoch)
                         watch_round = False
             time.sleep(_POLL_S)
 
@@ -328,30 +408,38 @@ class SegmentGate:
     def _try_elect(self, store: Store, epoch: int, *, settled: bool) -> None:
         present = self._present(store, epoch)
         previous = self._election(store, epoch - 1) if epoch > 0 else None
-        everyone = len(present) >= self.settings.max_nodes
         back = {m.node for m in present}
-        prev_back = previous is not None and set(previous.active_nodes()) <= back
-        if not (everyone or settled or prev_back):
+        if previous is None:  # the first start: nothing to break
+            ready = settled or len(present) >= self.settings.max_nodes
+        else:  # MAX nodes here is no reason to skip the settle window of a missing node
+            ready = settled or set(previous.active_nodes()) <= back
+        if not ready:
             return
         size = self.settings.size
         election = elect(
-            epoch,
-            present,
-            previous,
-            size,
-            self.settings.min_nodes // size,
-            settled=settled or everyone,
+            epoch, present, previous, size, self.settings.min_nodes // size, settled=settled
         )
-        if election is None or self._count(store, f"{epoch}/elector", 1) != 1:
+        if election is None:
             return
-        self._write(store, f"{epoch}/result", election.to_json())
-        self._count(store, "elected", 1)
+        key = self._k(f"{epoch}/result")
+        sealed = _seal(self._key, self._run_id, key, election.to_json())
+        there = store.compare_set(key, "", sealed)
+        if there != sealed.encode() and self._election(store, epoch) is None:
+            # Not a valid result (nobody with the key wrote it): replace exactly that value.
+            self._bad_results.discard(epoch)
+            there = store.compare_set(key, there.decode("utf-8", "replace"), sealed)
+        if there != sealed.encode():
+            return  # another node's election stands
         logger.info(
             "segment election, epoch %d: active %s, broken %s",
             epoch,
             ", ".join(election.active),
             ", ".join(s.name for s in election.broken) or "none",
         )
+
+
+def _open_marker(epoch: int, node: str) -> str:
+    return json.dumps({"epoch": epoch, "node": node})
 
 
 def hosts_store(store: Store) -> bool:
