@@ -747,3 +747,96 @@ def test_a_restart_with_the_active_segments_back_skips_the_settle_window() -> No
     assert _admit_all(gates, stores, restart) == {0: True, 1: True}
     assert time.monotonic() - started < 10  # well inside the 30 s settle window
     assert [g.epoch for g in gates] == [1, 1]
+
+
+@pytest.mark.parametrize(
+    ("conf", "extra", "warned"),
+    [
+        ("last_call_timeout=10", [], True),  # < the 15 s --workers-stop-timeout
+        ("last_call_timeout=20", [], False),
+        ("last_call_timeout=20", ["--ft-node-health-check-cmd=true"], True),  # + 60 s
+        ("last_call_timeout=80", ["--ft-node-health-check-cmd=true"], False),
+    ],
+)
+def test_a_settle_window_shorter_than_a_restart_warns_at_start_up(
+    conf: str,
+    extra: list[str],
+    warned: bool,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import logging
+
+    from nvrx.launcher.cli import _options, get_parser
+
+    monkeypatch.setenv(SEGMENT_ID_ENV, "rack-1")
+    parser = get_parser()
+    argv = ["--ft-segment=2", "--nnodes=2:4", *_C10D, f"--rdzv-conf={conf}", *extra, "t.py"]
+    with caplog.at_level(logging.WARNING, logger="nvrx.launcher"):
+        _options(parser.parse_args(argv), parser)
+    said = [r.getMessage() for r in caplog.records if "settle window" in r.getMessage()]
+    assert bool(said) is warned, said
+    if warned:
+        assert "--workers-stop-timeout 15 s" in said[0]
+        assert "can be declared broken" in said[0]
+
+
+def test_a_node_back_after_its_segment_broke_says_it_came_too_late() -> None:
+    server = _store()
+    gates = _gates(4, "AABB")
+    stores = [_client(server) for _ in gates]
+    handlers = [_handler(s, last_call=0.5) for s in stores]
+    out: dict[int, object] = {}
+
+    def run(i: int) -> None:
+        try:
+            out[i] = gates[i].admit(handlers[i], stores[i])
+        except BaseException as exc:
+            out[i] = exc
+
+    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads[:2]:
+        t.join(20)
+    assert out == {0: True, 1: True}
+    # A restart: node 0 comes back, node 1 is slow; after the settle window A is broken.
+    first = _admit_all(gates[:1], stores[:1], handlers[:1])[0]
+    assert isinstance(first, SegmentLeave), first
+    assert "1 of its 2 nodes did not come back" in first.reason
+    for t in threads[2:]:
+        t.join(20)
+    assert (out[2], out[3]) == (True, True)  # B runs epoch 1
+    late = _admit_all(gates[1:2], stores[1:2], handlers[1:2])[0]  # node 1, too late
+    assert isinstance(late, SegmentLeave), late
+    assert late.segment.name == "A#0"
+    assert "this node came back after the settle window" in late.reason
+    assert "did not come back" not in late.reason
+    assert late.nodes == ["n0", "n1"]
+
+
+def test_a_fabric_registration_in_progress_is_waited_for_then_refused() -> None:
+    one = uuid.uuid4().bytes
+    answers = [(2, 0, bytes(16)), (2, 0, bytes(16)), (3, 0, one)]  # (state, status, uuid)
+    slept: list[float] = []
+
+    def info(handle: int) -> Any:
+        state, status, raw = answers.pop(0) if len(answers) > 1 else answers[0]
+        return types.SimpleNamespace(state=state, status=status, clusterUuid=raw)
+
+    nvml = types.SimpleNamespace(
+        nvmlDeviceGetCount=lambda: 1,
+        nvmlDeviceGetHandleByIndex=lambda i: i,
+        nvmlDeviceGetGpuFabricInfo=info,
+    )
+    assert nvml_cluster_uuid(nvml, sleep=slept.append) == str(uuid.UUID(bytes=one))
+    assert slept == [1.0, 1.0]  # asked again while registering, not refused at once
+    answers[:] = [(2, 0, bytes(16))]
+    with pytest.raises(ValueError, match="registration is still in progress after 0 s"):
+        nvml_cluster_uuid(nvml, wait_s=0.0, sleep=slept.append)
+    answers[:] = [(1, 0, bytes(16))]
+    with pytest.raises(ValueError, match="registration has not started"):
+        nvml_cluster_uuid(nvml, sleep=slept.append)
+    answers[:] = [(3, 7, bytes(16))]
+    with pytest.raises(ValueError, match=r"registration failed \(status 7\)"):
+        nvml_cluster_uuid(nvml, sleep=slept.append)

@@ -295,6 +295,13 @@ class SegmentGate:
             seg = election.segment_of(self._node)
             if seg is not None and seg in election.broken:
                 back = self._back(store, epoch, seg)
+                if self._node not in back:  # this node itself came too late
+                    raise SegmentLeave(
+                        seg,
+                        f"this node came back after the settle window, when epoch {epoch} "
+                        f"was elected without it; its other nodes leave the job",
+                        [*back, self._node],
+                    )
                 missing = len(seg.members) - len(back)
                 raise SegmentLeave(
                     seg,

@@ -10,6 +10,7 @@ NVML when set. Found at start-up; none found is a usage error (exit 2) with the 
 from __future__ import annotations
 
 import contextlib
+import time
 import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -30,10 +31,22 @@ def parse_segment_id(text: str) -> str:
     return value
 
 
-def nvml_cluster_uuid(nvml: Any) -> str:
+#: NVML's nvmlGpuFabricState_t values (pynvml: NVML_GPU_FABRIC_STATE_*).
+_FABRIC_NOT_STARTED = 1
+_FABRIC_IN_PROGRESS = 2
+_FABRIC_COMPLETED = 3
+#: How long a start-up waits for a GPU's fabric registration still in progress (boot).
+FABRIC_WAIT_S = 60.0
+
+
+def nvml_cluster_uuid(
+    nvml: Any, *, wait_s: float = FABRIC_WAIT_S, sleep: Callable[[float], None] = time.sleep
+) -> str:
     """The one fabric ClusterUUID of every GPU here; ValueError saying why there is none.
 
-    ``nvml`` is the ``pynvml`` module, initialised by the caller.
+    ``nvml`` is the ``pynvml`` module, initialised by the caller. A GPU whose fabric
+    registration is still in progress (just after boot its ClusterUUID reads as zeros)
+    is asked again once a second for up to ``wait_s``.
     """
     read: Callable[[Any], Any] | None = getattr(nvml, "nvmlDeviceGetGpuFabricInfo", None)
     if read is None:
@@ -42,12 +55,31 @@ def nvml_cluster_uuid(nvml: Any) -> str:
     if count == 0:
         raise ValueError("NVML sees no GPU")
     ids = set()
+    deadline = time.monotonic() + wait_s
     for index in range(count):
         handle = nvml.nvmlDeviceGetHandleByIndex(index)
-        try:
-            info = read(handle)
-        except Exception as exc:  # NVMLError_NotSupported on GPUs without a fabric
-            raise ValueError(f"GPU {index} has no NVLink fabric info: {exc}") from None
+        while True:
+            try:
+                info = read(handle)
+            except Exception as exc:  # NVMLError_NotSupported on GPUs without a fabric
+                raise ValueError(f"GPU {index} has no NVLink fabric info: {exc}") from None
+            state = getattr(info, "state", None)  # absent: an older struct, no state
+            if state != _FABRIC_IN_PROGRESS:
+                break
+            if time.monotonic() >= deadline:
+                raise ValueError(
+                    f"GPU {index}'s NVLink fabric registration is still in progress after "
+                    f"{wait_s:g} s"
+                )
+            sleep(1.0)
+        if state == _FABRIC_NOT_STARTED:
+            raise ValueError(
+                f"GPU {index}'s NVLink fabric registration has not started (is the fabric "
+                f"manager running?)"
+            )
+        status = getattr(info, "status", 0)
+        if state == _FABRIC_COMPLETED and status != 0:
+            raise ValueError(f"GPU {index}'s NVLink fabric registration failed (status {status})")
         raw = bytes(getattr(info, "clusterUuid", b"") or b"")[:16]
         if len(raw) != 16 or not any(raw):
             raise ValueError(f"GPU {index} is in no NVLink domain (ClusterUUID unset)")

@@ -673,6 +673,7 @@ def _cluster_settings(
         parser.error(str(exc))
     if cfg.segment is not None:  # --ft-segment (an FT config field, as in NVRx)
         cluster = _with_segments(cfg.segment, cluster, config, parser)
+        _warn_short_settle(float(args.workers_stop_timeout), cluster, config)
     if cluster.standby_nodes:
         _check_standby(config, parser)
         cluster = dataclasses.replace(cluster, max_nodes=config.max_nodes)
@@ -731,6 +732,40 @@ def _with_segments(
         standby_nodes=True,
         segments=SegmentSettings(size, config.min_nodes, config.max_nodes, segment_id),
     )
+
+
+def _warn_short_settle(stop_timeout: float, cluster: ClusterOptions, config: LaunchConfig) -> None:
+    """A settle window shorter than a node's slowest way back to the gate breaks segments.
+
+    At a restart a node first stops its ranks (up to --workers-stop-timeout) and runs
+    its health checks; an active segment whose node is not back within torch's
+    last_call_timeout is broken, so a slow but healthy node would take it out.
+    """
+    from ._node_health import COMMAND_TIMEOUT_S, STORAGE_TIMEOUT_S
+
+    try:
+        settle = float(config.rdzv_configs.get("last_call_timeout", 30))
+    except (TypeError, ValueError):
+        return  # torch refuses the value itself
+    slowest = stop_timeout
+    parts = [f"--workers-stop-timeout {stop_timeout:g} s"]
+    if cluster.health.storage_paths:
+        slowest += STORAGE_TIMEOUT_S
+        parts.append(f"the storage health check up to {STORAGE_TIMEOUT_S:g} s")
+    if cluster.health.command:
+        slowest += COMMAND_TIMEOUT_S
+        parts.append(f"the health check command up to {COMMAND_TIMEOUT_S:g} s")
+    if settle < slowest:
+        logger.warning(
+            "--ft-segment: last_call_timeout=%g s (the settle window) is shorter than a "
+            "node's slowest way back to a restart (%s: %g s); a slow but healthy node's "
+            "segment can be declared broken and leave the job (exit 3). Set "
+            "--rdzv-conf last_call_timeout=%d or more",
+            settle,
+            " + ".join(parts),
+            slowest,
+            int(slowest) + 5,
+        )
 
 
 def _check_standby(config: LaunchConfig, parser: argparse.ArgumentParser) -> None:
