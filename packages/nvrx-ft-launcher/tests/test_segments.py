@@ -840,3 +840,39 @@ def test_a_fabric_registration_in_progress_is_waited_for_then_refused() -> None:
     answers[:] = [(3, 7, bytes(16))]
     with pytest.raises(ValueError, match=r"registration failed \(status 7\)"):
         nvml_cluster_uuid(nvml, sleep=slept.append)
+
+
+def test_a_broken_segments_store_host_serves_while_nodes_use_the_gate(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Nodes at the gate are outside torch's lists: their use of the gate (here: places
+    counted in the current epoch) keeps the store host serving; once nothing changes
+    for the idle window it stops."""
+    from nvrx.launcher import _cycle_steps
+
+    monkeypatch.setattr(_cycle_steps, "_HOST_IDLE_S", 0.0)
+    server = _store()
+    gate = _gates(2, "AA")[0]
+    store = _client(server)
+    handler = dynamic_rendezvous.DynamicRendezvousHandler.from_backend(
+        "seg",
+        store,
+        C10dRendezvousBackend(store, "seg"),
+        min_nodes=2,
+        max_nodes=2,
+        timeout=dynamic_rendezvous.RendezvousTimeout(last_call=datetime.timedelta(seconds=0.5)),
+        keep_alive_interval=1,
+        keep_alive_max_attempt=1,
+    )  # idle window: 1 s keep-alive + 2 x 0.5 s settle
+    host = threading.Thread(
+        target=_cycle_steps._host_until_the_job_ends, args=(handler, gate, store), daemon=True
+    )
+    other = _client(server)
+    started = time.monotonic()
+    host.start()
+    while time.monotonic() - started < 5.0:  # a node at the gate, for 5 s
+        other.add("nvrx.launcher/segments/seg/0/count", 1)
+        time.sleep(0.5)
+    assert host.is_alive(), "the host stopped while a node used the gate"
+    host.join(15)  # the grace of 3 s after the idle window
+    assert not host.is_alive()

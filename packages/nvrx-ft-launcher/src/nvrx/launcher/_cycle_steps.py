@@ -11,10 +11,12 @@ in the agent, which only calls :class:`CycleSteps` at those points.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any, NoReturn
 
 from torch.distributed.elastic.rendezvous import (
@@ -43,7 +45,7 @@ from ._group_rank import GroupRankAligner
 from ._node_health import NodeHealth, NodeHealthChecker
 from ._numa import NumaPlan
 from ._segment_gate import GateFull, SegmentGate, SegmentLeave, hosts_store, keep_alive_window
-from ._torch_compat import leave_rendezvous, rendezvous_nodes, rendezvous_store
+from ._torch_compat import Store, leave_rendezvous, rendezvous_nodes, rendezvous_store
 from .exit_codes import ExitCode
 
 __all__: list[str] = []
@@ -211,7 +213,7 @@ class CycleSteps:
                 "until the job ends, then exits %d",
                 int(ExitCode.NODE_EXCLUDED),
             )
-            _host_until_the_job_ends(handler)
+            _host_until_the_job_ends(handler, self.gate, store)
         raise LauncherExit(
             int(ExitCode.NODE_EXCLUDED),
             f"segment {exc.segment.name} broke: {exc.reason}",
@@ -328,18 +330,30 @@ class CycleSteps:
         )
 
 
-def _host_until_the_job_ends(handler: RendezvousHandler) -> None:
+def _host_until_the_job_ends(
+    handler: RendezvousHandler, gate: SegmentGate | None = None, store: Store | None = None
+) -> None:
     """Serve the store until the rendezvous closes, or no node has used it for a while.
 
     A job whose other launchers all failed never closes the rendezvous: once torch has
-    listed no node for a keep-alive window plus :data:`_HOST_IDLE_S`, nobody needs it.
+    listed no node, and the segment gate has seen no change, for a keep-alive window
+    plus two settle windows (the standbys' own opening of an orphaned epoch, then its
+    election) plus :data:`_HOST_IDLE_S`, nobody needs it.
     """
-    idle_after = keep_alive_window(handler) + _HOST_IDLE_S
+    settle = _settle_window(handler)
+    idle_after = keep_alive_window(handler) + 2 * settle + _HOST_IDLE_S
     empty_since: float | None = None
+    last_activity: tuple[int, int, int] | None = None
     while not handler.is_closed():
         found = rendezvous_nodes(handler)
+        activity = None
+        if gate is not None and store is not None:
+            with contextlib.suppress(RuntimeError):  # the store's own error: no change seen
+                activity = gate.activity(store)
         now = time.monotonic()
-        if found is None or found[0] > 0:
+        used = activity is not None and activity != last_activity
+        last_activity = activity if activity is not None else last_activity
+        if found is None or found[0] > 0 or used:
             empty_since = None
         elif empty_since is None:
             empty_since = now
@@ -348,6 +362,12 @@ def _host_until_the_job_ends(handler: RendezvousHandler) -> None:
             return
         time.sleep(1.0)
     time.sleep(_HOST_GRACE_S)  # the others' last store calls (leave barrier)
+
+
+def _settle_window(handler: RendezvousHandler) -> float:
+    settings = getattr(handler, "settings", None)
+    value = getattr(getattr(settings, "timeout", None), "last_call", None)
+    return value.total_seconds() if isinstance(value, timedelta) else 30.0
 
 
 def _one_too_many(reason: str) -> NoReturn:

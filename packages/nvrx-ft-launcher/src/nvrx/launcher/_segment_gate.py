@@ -265,6 +265,12 @@ class SegmentGate:
             return ()
         return tuple((e[0], e[1]) for e in data)
 
+    def activity(self, store: Store) -> tuple[int, int, int]:
+        """What changes while nodes use the gate: the current epoch, its count and opened
+        hints. Only ever a reason for a store host to serve longer, never to act."""
+        epoch = self._current_epoch(store)
+        return epoch, self._count(store, f"{epoch}/count"), self._count(store, f"{epoch}/opened")
+
     # -- the gate ------------------------------------------------------------------
 
     def admit(self, handler: RendezvousHandler, store: Store) -> bool:
