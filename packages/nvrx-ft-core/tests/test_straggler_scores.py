@@ -31,6 +31,7 @@ from nvrx.ft import (
     write_straggler_scores,
 )
 from nvrx.ft import _straggler_scores as module
+from nvrx.ft._json_files import check_file
 from nvrx.ft._straggler_scores import MAX_STRAGGLER_SCORES_BYTES, MAX_STRAGGLER_SCORES_RANKS
 
 NAN = math.nan
@@ -417,10 +418,10 @@ def test_a_symbolic_link_or_another_users_file_is_refused(tmp_path: pathlib.Path
     with pytest.raises(ValueError, match="a symbolic link"):
         read_straggler_scores(link)
     mine = os.stat(real)
-    module._check_file(mine, os.geteuid())  # the reader's own file passes
+    check_file(mine, os.geteuid())  # the reader's own file passes
     theirs = os.stat_result((mine.st_mode, 0, 0, 1, os.geteuid() + 1, 0, 10, 0, 0, 0))
     with pytest.raises(ValueError, match=f"owned by uid {os.geteuid() + 1}"):
-        module._check_file(theirs, os.geteuid())
+        check_file(theirs, os.geteuid())
     if os.geteuid() == 0:  # root can hand the file to someone else: the real refusal
         os.chown(real, 12345, 12345)
         with pytest.raises(ValueError, match="owned by uid 12345"):

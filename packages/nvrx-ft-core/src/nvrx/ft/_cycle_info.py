@@ -18,12 +18,12 @@ import math
 import os
 import pathlib
 import re
-import stat
 from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn
 
 from nvrx.ft._events import MAX_WALL_S as _MAX_WALL
 from nvrx.ft._files import write_file_atomically
+from nvrx.ft._json_files import read_json_file
 
 __all__ = [
     "CYCLE_INFO_ENV",
@@ -373,28 +373,9 @@ def write_cycle_info(path: str | os.PathLike[str], info: CycleInfo) -> None:
     write_file_atomically(path, text + "\n", mode=0o600)
 
 
-def _refuse_constant(name: str) -> float:
-    raise ValueError(f"holds {name}, which JSON does not allow")
-
-
 def _load(path: str) -> CycleInfo:
     """Read and validate one file; ValueError or OSError says why it cannot be used."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO never blocks
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise ValueError("not a regular file")
-        with os.fdopen(fd, "rb", closefd=False) as stream:
-            raw = stream.read(MAX_CYCLE_INFO_BYTES + 1)
-    finally:
-        os.close(fd)
-    if len(raw) > MAX_CYCLE_INFO_BYTES:
-        raise ValueError(f"larger than {MAX_CYCLE_INFO_BYTES} bytes")
-    try:
-        document = json.loads(raw.decode("utf-8"), parse_constant=_refuse_constant)
-    except RecursionError:
-        raise ValueError("not valid JSON: nested too deeply") from None
-    except ValueError as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
-        raise ValueError(f"not valid JSON: {exc}") from None
+    document = read_json_file(path, MAX_CYCLE_INFO_BYTES)
     return CycleInfo.from_dict(document)
 
 

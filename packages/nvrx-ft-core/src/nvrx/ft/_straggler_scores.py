@@ -21,13 +21,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import errno
 import json
 import logging
 import math
 import os
 import pathlib
-import stat
 import threading
 import time
 from collections.abc import Mapping
@@ -44,6 +42,7 @@ from nvrx.ft._cycle_info import (
 )
 from nvrx.ft._events import MAX_WALL_S as _MAX_WALL
 from nvrx.ft._files import write_file_atomically
+from nvrx.ft._json_files import read_json_file
 
 __all__ = [
     "MAX_STRAGGLER_SCORES_BYTES",
@@ -443,18 +442,6 @@ def _write_document(
     write_file_atomically(path, text + "\n", mode=0o600, durable=durable)
 
 
-def _refuse_constant(name: str) -> float:
-    raise ValueError(f"holds {name}, which JSON does not allow")
-
-
-def _check_file(st: os.stat_result, euid: int) -> None:
-    """The file must be a regular file of the reader's own user (nobody else's content)."""
-    if not stat.S_ISREG(st.st_mode):
-        raise ValueError("not a regular file")
-    if st.st_uid != euid:
-        raise ValueError(f"owned by uid {st.st_uid}, not by this process's user ({euid})")
-
-
 def read_straggler_scores(path: str | os.PathLike[str]) -> StragglerScores:
     """Read and validate one file.
 
@@ -463,27 +450,9 @@ def read_straggler_scores(path: str | os.PathLike[str]) -> StragglerScores:
     not JSON, another schema version, a field of the wrong type or range, too many
     ranks); ``OSError`` when it cannot be opened or read.
     """
-    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOFOLLOW  # no FIFO hang, no link
-    try:
-        fd = os.open(os.fspath(path), flags)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise ValueError("a symbolic link") from None
-        raise
-    try:
-        _check_file(os.fstat(fd), os.geteuid())
-        with os.fdopen(fd, "rb", closefd=False) as stream:
-            raw = stream.read(MAX_STRAGGLER_SCORES_BYTES + 1)
-    finally:
-        os.close(fd)
-    if len(raw) > MAX_STRAGGLER_SCORES_BYTES:
-        raise ValueError(f"larger than {MAX_STRAGGLER_SCORES_BYTES} bytes")
-    try:
-        document = json.loads(raw.decode("utf-8"), parse_constant=_refuse_constant)
-    except RecursionError:
-        raise ValueError("not valid JSON: nested too deeply") from None
-    except ValueError as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
-        raise ValueError(f"not valid JSON: {exc}") from None
+    document = read_json_file(
+        path, MAX_STRAGGLER_SCORES_BYTES, follow_links=False, owner_uid=os.geteuid()
+    )
     return StragglerScores.from_dict(document)
 
 
