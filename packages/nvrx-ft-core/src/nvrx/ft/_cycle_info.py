@@ -106,6 +106,14 @@ def _sequence(where: str, value: object, limit: int) -> Sequence[Any]:
     return value
 
 
+def _check_schema_version(document: object, expected: int) -> None:
+    """A document of another format version is refused before its fields are read."""
+    if isinstance(document, Mapping) and "schema_version" in document:
+        version = document["schema_version"]
+        if type(version) is not int or version != expected:
+            _fail("schema_version", version, f"this nvrx reads version {expected} only")
+
+
 def _object(where: str, value: object, keys: frozenset[str]) -> Mapping[str, Any]:
     if not isinstance(value, Mapping):
         _fail(where, value, "not an object")
@@ -299,14 +307,7 @@ class CycleInfo:
     @classmethod
     def from_dict(cls, document: object) -> CycleInfo:
         """Validate a parsed file; ``ValueError`` names the first bad field and why."""
-        if isinstance(document, Mapping) and "schema_version" in document:
-            version = document["schema_version"]
-            if type(version) is not int or version != CYCLE_INFO_SCHEMA_VERSION:
-                _fail(
-                    "schema_version",
-                    version,
-                    f"this nvrx reads version {CYCLE_INFO_SCHEMA_VERSION} only",
-                )
+        _check_schema_version(document, CYCLE_INFO_SCHEMA_VERSION)
         body = _object("cycle info", document, _KEYS)
         nodes = [
             _object(f"nodes[{i}]", node, _NODE_KEYS)

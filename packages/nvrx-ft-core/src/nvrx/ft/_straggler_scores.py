@@ -33,6 +33,7 @@ from typing import Any, Protocol
 
 from nvrx.ft._cycle_info import (
     _MAX_SPAN_S,
+    _check_schema_version,
     _fail,
     _int,
     _number,
@@ -259,14 +260,7 @@ class StragglerScores:
     @classmethod
     def from_dict(cls, document: object) -> StragglerScores:
         """Validate a parsed file; ``ValueError`` names the first bad field and why."""
-        if isinstance(document, Mapping) and "schema_version" in document:
-            version = document["schema_version"]
-            if type(version) is not int or version != STRAGGLER_SCORES_SCHEMA_VERSION:
-                _fail(
-                    "schema_version",
-                    version,
-                    f"this nvrx reads version {STRAGGLER_SCORES_SCHEMA_VERSION} only",
-                )
+        _check_schema_version(document, STRAGGLER_SCORES_SCHEMA_VERSION)
         body = _object("straggler scores", document, _KEYS)
         entries = _sequence("ranks", body["ranks"], MAX_STRAGGLER_SCORES_RANKS)
         ranks = tuple(
