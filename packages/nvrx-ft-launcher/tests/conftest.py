@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import pathlib
 import sys
 from collections.abc import Callable, Iterator
@@ -39,3 +40,14 @@ def start_launcher(tmp_path: pathlib.Path) -> Iterator[Callable[..., Launcher]]:
     finally:
         for launcher in started:
             launcher.kill_tree()
+
+
+@pytest.fixture(autouse=True)
+def _restore_launcher_logger() -> Iterator[None]:
+    """An in-process ``cli.main`` points the launcher's logger at that test's captured
+    stderr; put it back after the test so later tests' warnings are not written to a
+    closed stream ("--- Logging error ---")."""
+    launcher_logger = logging.getLogger("nvrx.launcher")
+    saved = (launcher_logger.handlers[:], launcher_logger.level, launcher_logger.propagate)
+    yield
+    launcher_logger.handlers[:], launcher_logger.level, launcher_logger.propagate = saved

@@ -332,6 +332,23 @@ def test_a_forged_claim_or_a_dead_claimer_does_not_end_the_job() -> None:
     assert late == results["a"]
 
 
+@pytest.mark.timeout(30)
+def test_a_waiter_that_decides_after_another_waiter_follows_that_decision() -> None:
+    """Two waiters' waits run out together and one publishes its decision (and the state
+    after it) before the other reads the state: the other follows that decision instead
+    of deciding the next cycle (it used to raise AssertionError: CI saw it once)."""
+    store = TCPStore(
+        "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(10)
+    )
+    a = JobCoordinator(store, "job", "a", key=KEY)
+    b = JobCoordinator(store, "job", "b", key=KEY)
+    first = a._decide_here(0, _restart("a"), claimed=False)  # type: ignore[arg-type]
+    assert a.state() == JobState(1, 1, 0)
+    assert b._decide_here(0, _restart("b"), claimed=False) == first  # type: ignore[arg-type]
+    assert b._decide_here(0, _restart("b"), claimed=True) == first  # type: ignore[arg-type]
+    assert b.state() == JobState(1, 1, 0)
+
+
 def test_without_compare_and_set_a_forged_claim_still_times_out() -> None:
     """The etcd-like store has no compare-and-set: the waiter cannot publish safely."""
     store = EtcdLikeStore()

@@ -556,7 +556,14 @@ class JobCoordinator:
         waited: datetime.timedelta | None = None,
     ) -> Decision:
         """Compute and publish this node's decision of ``cycle``; the one in force."""
-        decision = make(self.state())
+        state = self.state()
+        if state.cycle > cycle:
+            # Another node's decision of this cycle landed meanwhile (a waiter whose wait
+            # ran out first, or a late claimer): follow it rather than decide a later one.
+            found = self.poll(cycle)
+            if found is not None:
+                return found
+        decision = make(state)
         if len(decision.reason) > _MAX_TEXT:
             decision = dataclasses.replace(
                 decision, reason=decision.reason[: _MAX_TEXT - 3] + "..."
