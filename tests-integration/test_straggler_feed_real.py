@@ -5,7 +5,8 @@ publishes a report with forward times 0.1 s and 0.2 s in steps of 0.4 s over a w
 it measured. The launcher journals the refusal once and the report as
 ``straggler_report``, serves ``nvrx_straggler_score`` for both ranks on its metrics
 endpoint, and the job summary charges the window times the wait fraction
-((max - median) / step = (0.2 - 0.15) / 0.4 = 0.125) to ``straggler_wait``.
+((max - median) / step = (0.2 - 0.15) / 0.4 = 0.125) to ``straggler_wait``. The last
+report, published as rank 0 ends and not flushed, is journaled and charged too.
 """
 
 from __future__ import annotations
@@ -81,16 +82,22 @@ def test_rank_zeros_report_reaches_journal_metrics_and_goodput(
 
     (out_dir / "go").touch()
     run.expect_exit(0, 120)
+    # The report rank 0 published as it ended, unflushed, is journaled too (written at
+    # the rank's exit, read by the launcher at the job's end).
+    final = json.loads((out_dir / "final.json").read_text())
+    [_, last] = journal_events(journal, "straggler_report")
+    assert (last["window_start"], last["window_end"]) == (final["start"], final["end"])
     [summary] = journal_events(journal, "job_goodput")
     window = published["end"] - published["start"]
     assert window > 1.0
-    # hand check: the window lies inside the cycle's training time (no first_step
-    # records: from the ranks' start to all_nodes_finished), so all of it counts
+    # hand check: both windows lie inside the cycle's training time (no first_step
+    # records: from the ranks' start to all_nodes_finished), so all of them counts
     [started] = journal_events(journal, "workers_started")
     [finished] = journal_events(journal, "all_nodes_finished")
-    assert started["t"] <= published["start"] < published["end"] <= finished["t"]
+    assert started["t"] <= published["start"] < published["end"] <= final["end"] <= finished["t"]
     seconds = summary["summary"]["seconds"]
-    assert seconds["straggler_wait"] == pytest.approx(0.125 * window, abs=1e-6)
+    waited = 0.125 * (window + final["end"] - final["start"])
+    assert seconds["straggler_wait"] == pytest.approx(waited, abs=1e-6)
     assert not os.path.exists(scores_file)  # went with the launcher's runtime dir
 
 

@@ -6,7 +6,9 @@ step`` = (0.2 - 0.15) / 0.4 = 0.125. Rank 0 first writes a file the
 launcher must refuse and waits until the launcher journaled ``straggler_report_ignored``;
 then it publishes, through :func:`nvrx.ft.publish_straggler_report`, a report-like object
 with those step times over a window it measured, writes the window to
-``<out>/published.json`` and waits for ``<out>/go`` (the test scrapes the metrics first).
+``<out>/published.json`` and waits for ``<out>/go`` (the test scrapes the metrics
+first). Then it publishes a last report from the first one's end to now (its window in
+``<out>/final.json``) and exits at once, without flushing.
 
 ``--restart``: cycle 0's rank 0 publishes the same report and both ranks exit 1 at once
 (the report is written just before the fault); in cycle 1 rank 0 writes ``<out>/cycle1``
@@ -98,6 +100,17 @@ def main() -> int:
         published = {"ok": ok, "path": path, "start": start, "end": end, "forward_s": forward_s}
         (args.out / "published.json").write_text(json.dumps(published))
         _wait_for(lambda: (args.out / "go").exists(), "the test's go")
+        # A last report just before the end, not flushed: nvrx.ft writes it as the
+        # interpreter exits and the launcher reads it once more at the job's end.
+        final_end = time.time()
+        (args.out / "final.json").write_text(json.dumps({"start": end, "end": final_end}))
+        publish_straggler_report(
+            report,
+            window_start=end,
+            window_end=final_end,
+            forward_section=FORWARD_SECTION,
+            step_section=STEP_SECTION,
+        )
     dist.barrier()
     dist.destroy_process_group()
     return 0

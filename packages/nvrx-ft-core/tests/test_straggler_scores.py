@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -9,8 +10,12 @@ import logging
 import math
 import os
 import pathlib
+import signal
 import stat
+import subprocess
+import sys
 import threading
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -361,6 +366,99 @@ def test_publish_returns_while_the_disk_is_stuck_and_only_the_latest_report_wait
     assert flush_straggler_reports(30.0)
     assert written == [1.0, 3.0]  # report 2 was replaced by report 3 while it waited
     assert read_straggler_scores(path).window_start == 3.0
+
+
+_EXIT_RIGHT_AFTER_PUBLISH = """
+import sys, time, types
+from nvrx.ft import _straggler_scores as module, publish_straggler_report
+real = module.write_file_atomically
+def slow(*args, **kwargs):
+    time.sleep(0.5)  # a write the daemon thread has not finished when the script ends
+    real(*args, **kwargs)
+module.write_file_atomically = slow
+scores = {0: 1.0, 1: 0.5}
+report = types.SimpleNamespace(
+    gpu_relative_perf_scores=scores, gpu_individual_perf_scores=scores,
+    section_relative_perf_scores={}, section_individual_perf_scores={},
+    rank_to_node={0: "a", 1: "a"}, section_median_times={},
+)
+assert publish_straggler_report(report, window_start=1.0, window_end=2.0)
+if sys.argv[1] == "hung":
+    module.write_file_atomically = lambda *a, **k: time.sleep(3600)
+    module._publisher._pending = None
+    publish_straggler_report(report, window_start=1.0, window_end=3.0)
+"""
+
+
+@pytest.mark.timeout(60)
+def test_the_last_report_is_written_when_the_process_ends_right_after_publishing(
+    tmp_path: pathlib.Path,
+) -> None:
+    """The writer is a daemon thread: without the exit flush a report published in the
+    last second before the interpreter ended was lost (the launcher never saw it)."""
+    path = tmp_path / "scores.json"
+    env = {**os.environ, STRAGGLER_SCORES_ENV: str(path)}
+    run = [sys.executable, "-c", _EXIT_RIGHT_AFTER_PUBLISH]
+    subprocess.run([*run, "slow"], env=env, check=True, timeout=30)
+    assert read_straggler_scores(path).window_end == 2.0
+
+
+@pytest.mark.timeout(60)
+def test_a_hung_disk_holds_the_exit_no_longer_than_the_exit_flush(
+    tmp_path: pathlib.Path,
+) -> None:
+    env = {**os.environ, STRAGGLER_SCORES_ENV: str(tmp_path / "scores.json")}
+    started = time.monotonic()
+    subprocess.run(
+        [sys.executable, "-c", _EXIT_RIGHT_AFTER_PUBLISH, "hung"], env=env, check=True, timeout=30
+    )
+    assert time.monotonic() - started < 25  # 2 s of flush, not the write's hour
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # 3.12: fork of a threaded process
+def test_a_child_forked_while_the_writer_lock_is_held_still_publishes(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The child got a copy of a lock another thread held: its first publish blocked forever."""
+    path = tmp_path / "child.json"
+    monkeypatch.setenv(STRAGGLER_SCORES_ENV, str(path))
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:  # the parent's writer thread, inside the lock at the fork
+        with module._publisher._cond:
+            held.set()
+            release.wait(30)
+
+    holder = threading.Thread(target=hold, daemon=True)
+    holder.start()
+    assert held.wait(30)
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        code = 1
+        try:
+            if publish_straggler_report(_report(), window_start=4.0, window_end=5.0):
+                code = 0 if flush_straggler_reports(20.0) else 3
+        finally:
+            os._exit(code)
+    release.set()
+    holder.join(30)
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            time.sleep(0.05)
+        else:
+            pytest.fail("the forked child hung in publish_straggler_report")
+    finally:
+        with contextlib.suppress(ChildProcessError, ProcessLookupError):
+            if not os.waitpid(pid, os.WNOHANG)[0]:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert read_straggler_scores(path).window_start == 4.0
 
 
 def test_published_files_are_not_fsynced_but_still_atomic(

@@ -19,6 +19,7 @@ attribute names (:class:`StragglerReportLike`).
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import dataclasses
 import json
@@ -455,17 +456,23 @@ class _Publisher:
 
     A single slot: a report handed in while an older one waits replaces it (only the
     latest matters). The thread converts and writes (no fsync), so a slow or hung disk
-    holds up this thread alone; it dies with the process. A failure is one WARNING, later
-    ones DEBUG.
+    holds up this thread alone. At interpreter exit the last report gets up to
+    ``_EXIT_FLUSH_S`` seconds to be written (a hung disk cannot hold the exit longer). A
+    forked child starts with a fresh slot and lock (the parent's thread is not there, and
+    its lock may have been held at the fork). A failure is one WARNING, later ones DEBUG.
     """
 
     def __init__(self) -> None:
+        self._warned = False
+        self._exit_hook = False
+        self._reset()
+
+    def _reset(self) -> None:
         self._cond = threading.Condition()
         self._pending: tuple[str, StragglerReportLike, dict[str, Any]] | None = None
         self._busy = False
         self._thread: threading.Thread | None = None
-        self._pid = 0
-        self._warned = False
+        self._pid = os.getpid()
 
     def submit(self, path: str, report: StragglerReportLike, fields: dict[str, Any]) -> None:
         with self._cond:
@@ -475,6 +482,9 @@ class _Publisher:
                     target=self._run, name="nvrx-straggler-scores", daemon=True
                 )
                 self._thread.start()
+                if not self._exit_hook:
+                    self._exit_hook = True
+                    atexit.register(self.flush, _EXIT_FLUSH_S)
             self._pending = (path, report, fields)
             self._cond.notify_all()
 
@@ -524,7 +534,12 @@ class _Publisher:
                 )
 
 
+#: Seconds the interpreter's exit waits for the last report to be written.
+_EXIT_FLUSH_S = 2.0
+
 _publisher = _Publisher()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_publisher._reset)
 
 
 def publish_straggler_report(

@@ -349,7 +349,9 @@ class FtAgent(LocalElasticAgent):
         node writes its own view as ``node_goodput`` and publishes its timeline to the
         store (signed); the node of group rank ``goodput.SUMMARY_GROUP_RANK`` waits up
         to 5 s for the others' and writes ``job_goodput`` over every timeline it got.
+        A straggler report rank 0 wrote as it ended is read first, so it counts.
         """
+        self._read_straggler_scores(now=True)
         try:
             now = time.time()
             summary = self._ledger.summary(now=now)
