@@ -12,6 +12,7 @@ from PyTorch's CPU wheel index rather than PyPI's CUDA build (see ``torch_index`
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import platform
@@ -268,14 +269,18 @@ def build(session: nox.Session) -> None:
     session.run("twine", "check", "--strict", *artifacts)
     constraints = pathlib.Path(session.create_tmp()) / "constraints.txt"
     constraints.write_text(f"{TORCH_SPEC}\n")
+    # One venv with torch alone; after each wheel every distribution torch did not bring
+    # is removed again, so each wheel is checked beside torch only (one torch install,
+    # not one per wheel: about 45 s each here).
+    venv = pathlib.Path(session.create_tmp()) / "alone"
+    shutil.rmtree(venv, ignore_errors=True)
+    session.run(sys.executable, "-m", "venv", str(venv), external=True)
+    python = str(venv / "bin" / "python")
+    index = torch_index_or_error(session, python)
+    session.run(python, "-m", "pip", "install", "-q", *index, TORCH_SPEC, external=True)
+    with_torch = installed_distributions(python)
     for name in PACKAGES:
         wheel = next(dist.glob(f"{name.replace('-', '_')}-*.whl"))
-        venv = pathlib.Path(session.create_tmp()) / f"alone-{name}"
-        shutil.rmtree(venv, ignore_errors=True)
-        session.run(sys.executable, "-m", "venv", str(venv), external=True)
-        python = str(venv / "bin" / "python")
-        index = torch_index_or_error(session, python)
-        session.run(python, "-m", "pip", "install", "-q", *index, TORCH_SPEC, external=True)
         session.run(
             python, "-m", "pip", "install", "-q", "-c", str(constraints),
             "--find-links", str(dist), str(wheel), external=True,
@@ -285,8 +290,20 @@ def build(session: nox.Session) -> None:
             # The wheel carries the compiled hot path, not only its Python fallback.
             check += "; from nvrx.straggler.sections import HOT_PATH; assert HOT_PATH == 'c'"
         session.run(python, "-c", check, external=True)
-        shutil.rmtree(venv)
+        added = sorted(installed_distributions(python) - with_torch)
+        session.run(python, "-m", "pip", "uninstall", "-q", "-y", *added, external=True)
+        if installed_distributions(python) != with_torch:
+            session.error(f"{name}: the venv did not go back to torch alone")
+    shutil.rmtree(venv)
     sdist_without_compiler(session, next(dist.glob("nvrx_straggler-*.tar.gz")))
+
+
+def installed_distributions(python: str) -> set[str]:
+    """The names of the distributions installed for ``python`` (pip's own included)."""
+    listing = subprocess.run(
+        [python, "-m", "pip", "list", "--format=json"], check=True, capture_output=True, text=True
+    ).stdout
+    return {entry["name"].lower() for entry in json.loads(listing)}
 
 
 # Run where nvrx-straggler was installed without its extension: the Python path runs,
