@@ -680,6 +680,86 @@ def test_a_standby_segment_still_waiting_when_the_job_ends_exits_as_a_standby(
     assert isinstance(out[3], RendezvousGracefulExitError), out[3]
 
 
+@pytest.mark.timeout(90)
+def test_an_elected_node_gone_before_torchs_round_forms_brings_a_new_election(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """n1 passes the gate with n0 (segment A) and dies before torch's join. The round
+    cannot form: at the round deadline (torch's last call + keep-alive window + margin,
+    not the 60 s join timeout) n0 goes back to the gate, the new election breaks A (n0
+    leaves with exit 3, its journal says why) and segment B runs in torch's round."""
+    from nvrx.launcher import _cycle_steps, _segment_gate
+    from nvrx.launcher._agent import LauncherExit
+    from nvrx.launcher._cluster import ClusterOptions
+    from nvrx.launcher._cycle_steps import CycleSteps
+    from nvrx.launcher._events import Recorder
+    from nvrx.launcher.journal import JsonLines
+
+    monkeypatch.setattr(_segment_gate, "_ROUND_MARGIN_S", 1.0)
+    # This process serves the test's store: n0 would stay to host it until the job ends.
+    monkeypatch.setattr(_cycle_steps, "hosts_store", lambda store: False)
+    server = _store()
+    gates = _gates(4, "AABB")
+    stores = [_client(server) for _ in gates]
+
+    def handler(store: Any) -> Any:
+        return dynamic_rendezvous.DynamicRendezvousHandler.from_backend(
+            "seg",
+            store,
+            C10dRendezvousBackend(store, "seg"),
+            min_nodes=2,
+            max_nodes=2,
+            timeout=dynamic_rendezvous.RendezvousTimeout(
+                join=datetime.timedelta(seconds=60),
+                last_call=datetime.timedelta(seconds=0.5),
+            ),
+            keep_alive_interval=1,
+            keep_alive_max_attempt=2,
+        )
+
+    handlers = [handler(st) for st in stores]
+    assert _segment_gate.round_deadline(handlers[0]) == pytest.approx(3.5)
+    for i in (0, 2, 3):  # next_rendezvous as the agent calls it; n1 only passes the gate
+        steps = CycleSteps(
+            ClusterOptions(standby_nodes=True, segments=gates[i].settings),
+            Recorder(JsonLines(tmp_path / f"j{i}"), JsonLines(None)),
+            f"n{i}",
+            run_id="seg",
+            job_key=b"k" * 32,
+        )
+        steps.gate = gates[i]
+        steps.install(handlers[i])
+    out: dict[int, object] = {}
+
+    def run(i: int) -> None:
+        try:
+            if i == 1:
+                out[i] = gates[i].admit(handlers[i], stores[i])
+            else:
+                info = handlers[i].next_rendezvous()
+                out[i] = (info.rank, info.world_size)
+        except BaseException as exc:
+            out[i] = exc
+
+    started = time.monotonic()
+    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert time.monotonic() - started < 40, "waited for torch's 60 s join timeout"
+    assert out[1] is True
+    left = out[0]
+    assert isinstance(left, LauncherExit), left
+    assert left.code == 3
+    assert "segment A#0 broke" in str(left)
+    assert "1 of its 2 nodes did not come back" in str(left)
+    assert {out[2], out[3]} == {(0, 2), (1, 2)}, out
+    assert [g.epoch for g in gates[2:]] == [1, 1]
+    assert [s.name for s in gates[2]._elections[1].broken] == ["A#0"]
+    assert '"event": "segment_left"' in (tmp_path / "j0").read_text()
+
+
 def test_unsigned_counters_from_outside_the_job_decide_nothing(tmp_path: Any) -> None:
     """The adds someone without the job key can make (open an epoch, push the place
     count down or far up, take the elector's turn, move the current epoch on) neither

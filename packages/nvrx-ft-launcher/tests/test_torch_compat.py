@@ -25,7 +25,7 @@ from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElas
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, start_processes
 from torch.distributed.elastic.multiprocessing import api as _mp_api
 from torch.distributed.elastic.multiprocessing.subprocess_handler import SubprocessHandler
-from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+from torch.distributed.elastic.rendezvous import RendezvousTimeoutError, dynamic_rendezvous
 from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
 
 from nvrx.launcher import _torch_compat as compat
@@ -120,6 +120,33 @@ def test_leave_rendezvous() -> None:
     )
     assert callable(dynamic_rendezvous._RendezvousExitOp), "_RendezvousExitOp is gone"
     compat.leave_rendezvous(handler, timeout_s=5.0)  # leaving a round never joined is fine
+
+
+@pytest.mark.timeout(60)
+def test_join_deadline() -> None:
+    """A join that cannot complete (MIN 2, one node) ends at the deadline given, not at
+    the handler's own join timeout (60 s here), which comes back afterwards."""
+    tcp = dist.TCPStore(
+        "127.0.0.1", 0, is_master=True, wait_for_workers=False,
+        timeout=datetime.timedelta(seconds=5),
+    )  # fmt: skip
+    handler = dynamic_rendezvous.DynamicRendezvousHandler.from_backend(
+        "deadline", tcp, C10dRendezvousBackend(tcp, "deadline"), min_nodes=2, max_nodes=2,
+        timeout=dynamic_rendezvous.RendezvousTimeout(join=datetime.timedelta(seconds=60)),
+    )  # fmt: skip
+    settings = handler._settings
+    assert isinstance(settings, dynamic_rendezvous.RendezvousSettings)
+    assert "self._settings.timeout.join" in _source(handler.next_rendezvous), (
+        "next_rendezvous no longer takes its join deadline from _settings.timeout.join"
+    )
+    started = time.monotonic()
+    with compat.join_deadline(handler, 1.0):
+        assert handler._settings.timeout.join == datetime.timedelta(seconds=1)
+        with pytest.raises(RendezvousTimeoutError):
+            handler.next_rendezvous()
+    assert time.monotonic() - started < 30
+    assert handler._settings is settings
+    assert compat.rendezvous_nodes(handler) == (0, False), "it left the round it joined"
 
 
 def test_rendezvous_store() -> None:

@@ -23,6 +23,7 @@ from torch.distributed.elastic.rendezvous import (
     RendezvousGracefulExitError,
     RendezvousHandler,
     RendezvousInfo,
+    RendezvousTimeoutError,
 )
 from torch.distributed.elastic.rendezvous.static_tcp_rendezvous import StaticTCPRendezvous
 
@@ -44,8 +45,22 @@ from ._gpu_memory import GpuMemoryWatch
 from ._group_rank import GroupRankAligner
 from ._node_health import NodeHealth, NodeHealthChecker
 from ._numa import NumaPlan
-from ._segment_gate import GateFull, SegmentGate, SegmentLeave, hosts_store, keep_alive_window
-from ._torch_compat import Store, leave_rendezvous, rendezvous_nodes, rendezvous_store
+from ._segment_gate import (
+    GateFull,
+    SegmentGate,
+    SegmentLeave,
+    hosts_store,
+    join_timeout,
+    keep_alive_window,
+    round_deadline,
+)
+from ._torch_compat import (
+    Store,
+    join_deadline,
+    leave_rendezvous,
+    rendezvous_nodes,
+    rendezvous_store,
+)
 from .exit_codes import ExitCode
 
 __all__: list[str] = []
@@ -133,23 +148,40 @@ class CycleSteps:
         original = handler.next_rendezvous
 
         def next_rendezvous() -> RendezvousInfo:
-            try:
-                admitted = gate.admit(handler, store)  # False: the job ended; torch says so
-            except SegmentLeave as exc:
-                self._segment_left(handler, exc)
-            except GateFull as exc:
-                _one_too_many(str(exc))
-            if not admitted and gate.epoch is None:
-                # A standby segment never elected: it joined none of torch's rounds, so
-                # torch would call the closed rendezvous an error (not its standby exit).
-                raise RendezvousGracefulExitError(
-                    "the rendezvous is closed: the job ended while this segment waited"
-                )
-            if admitted and not self.aligner.nodes:
-                # New to the job's rounds (a standby segment): the round it joins says
-                # whose places it takes (node_replaced), as a returning node's would.
-                self.aligner.nodes = gate.last_round(store)
-            return original()
+            first_try = time.monotonic()
+            while True:
+                try:
+                    admitted = gate.admit(handler, store)  # False: the job ended; torch says so
+                except SegmentLeave as exc:
+                    self._segment_left(handler, exc)
+                except GateFull as exc:
+                    _one_too_many(str(exc))
+                if not admitted and gate.epoch is None:
+                    # A standby segment never elected: it joined none of torch's rounds, so
+                    # torch would call the closed rendezvous an error (not its standby exit).
+                    raise RendezvousGracefulExitError(
+                        "the rendezvous is closed: the job ended while this segment waited"
+                    )
+                if not admitted:
+                    return original()  # torch's closed rendezvous, as without segments
+                if not self.aligner.nodes:
+                    # New to the job's rounds (a standby segment): the round it joins says
+                    # whose places it takes (node_replaced), as a returning node's would.
+                    self.aligner.nodes = gate.last_round(store)
+                deadline = round_deadline(handler)
+                try:
+                    with join_deadline(handler, deadline):
+                        return original()
+                except RendezvousTimeoutError:
+                    if time.monotonic() - first_try + deadline > join_timeout(handler):
+                        raise  # no time left for another election within the join timeout
+                    logger.warning(
+                        "torch's round of the segments elected in epoch %s did not form "
+                        "within %g s: an elected node is gone; back to the segment gate for "
+                        "a new election",
+                        gate.epoch,
+                        deadline,
+                    )
 
         handler.next_rendezvous = next_rendezvous  # type: ignore[method-assign]
 

@@ -60,6 +60,8 @@ _SCAN_S = 0.25
 _SLOT_MARGIN = 8
 #: Any node may elect; the one in place i after i x this, should the earlier ones die.
 _ELECTOR_STAGGER_S = 2.0
+#: What torch's round of the elected nodes may take beyond its last call and keep-alive.
+_ROUND_MARGIN_S = 60.0
 
 
 class GateFull(Exception):
@@ -341,7 +343,7 @@ class SegmentGate:
     ) -> Election | None:
         """Epoch ``epoch``'s election (taking part once it is open); None if the job ended."""
         settle = _timeout(handler, "last_call", 30.0)
-        join = _timeout(handler, "join", 600.0)
+        join = join_timeout(handler)
         if opener:
             self._open(store, epoch)
         opened_at: float | None = None
@@ -495,6 +497,22 @@ def keep_alive_window(handler: RendezvousHandler) -> float:
     attempts = getattr(settings, "keep_alive_max_attempt", 3)
     seconds = interval.total_seconds() if isinstance(interval, timedelta) else 5.0
     return seconds * (attempts if isinstance(attempts, int) else 3)
+
+
+def round_deadline(handler: RendezvousHandler) -> float:
+    """How long torch's round of the elected nodes may take to form, in seconds.
+
+    Each of them was at the gate a moment ago: the round needs torch's last call, a dead
+    node of the last round dropped from torch's lists (its keep-alive window) and a
+    margin. Longer, and an elected node is gone: the nodes go back to the gate, where a
+    new election breaks its segment and brings a standby segment in.
+    """
+    return _timeout(handler, "last_call", 30.0) + keep_alive_window(handler) + _ROUND_MARGIN_S
+
+
+def join_timeout(handler: RendezvousHandler) -> float:
+    """torch's join timeout (``--rdzv-conf join_timeout``), in seconds."""
+    return _timeout(handler, "join", 600.0)
 
 
 def _timeout(handler: RendezvousHandler, name: str, default: float) -> float:

@@ -20,6 +20,9 @@ release up to the tested range):
   ``_bootstrap_store_info``, recreated by the next rendezvous when None;
 - ``leave_rendezvous``: ``DynamicRendezvousHandler._stop_heartbeats()``,
   ``_op_executor.run(op, deadline)`` and ``_RendezvousExitOp``;
+- ``join_deadline``: ``DynamicRendezvousHandler._settings``, a frozen
+  ``RendezvousSettings`` whose ``timeout.join`` ``next_rendezvous`` reads for its join
+  deadline when called (``RendezvousTimeout(join, last_call, close, heartbeat)``);
 - ``rendezvous_store``: ``DynamicRendezvousHandler._store``, the rendezvous' base store
   (c10d: the TCPStore every node reaches; the rounds' stores are prefixes of it);
 - ``rendezvous_nodes``: ``DynamicRendezvousHandler._state_holder.sync()``, ``.state``
@@ -51,6 +54,8 @@ release up to the tested range):
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import datetime
 import logging
 import re
 import time
@@ -142,6 +147,32 @@ def leave_rendezvous(handler: RendezvousHandler, timeout_s: float) -> None:
         return
     handler._stop_heartbeats()
     handler._op_executor.run(dynamic_rendezvous._RendezvousExitOp(), time.monotonic() + timeout_s)
+
+
+@contextlib.contextmanager
+def join_deadline(handler: RendezvousHandler, seconds: float) -> Iterator[None]:
+    """Torch's join timeout of ``handler`` is ``seconds`` for the joins made inside.
+
+    Its own join timeout (``--rdzv-conf join_timeout``) stays for every other join.
+    """
+    if not isinstance(handler, dynamic_rendezvous.DynamicRendezvousHandler):
+        yield
+        return
+    settings = handler._settings
+    timeout = settings.timeout
+    handler._settings = dataclasses.replace(
+        settings,
+        timeout=dynamic_rendezvous.RendezvousTimeout(
+            join=datetime.timedelta(seconds=seconds),
+            last_call=timeout.last_call,
+            close=timeout.close,
+            heartbeat=timeout.heartbeat,
+        ),
+    )
+    try:
+        yield
+    finally:
+        handler._settings = settings
 
 
 def rendezvous_store(handler: RendezvousHandler) -> Store | None:
