@@ -305,7 +305,8 @@ def test_the_real_nvml_gives_an_id_or_a_reason() -> None:
 # -- the gate, for real over one store --------------------------------------------------
 
 
-def _handler(store: Any, last_call: float, join: float = 20.0) -> Any:
+def _handler(store: Any, last_call: float, join: float = 20.0, *, keep_alive: bool = False) -> Any:
+    """A real handler of MIN 2 (torch's default keep-alive, or 1 s x 2 with ``keep_alive``)."""
     backend = C10dRendezvousBackend(store, "seg")
     return dynamic_rendezvous.DynamicRendezvousHandler.from_backend(
         "seg",
@@ -317,6 +318,8 @@ def _handler(store: Any, last_call: float, join: float = 20.0) -> Any:
             join=datetime.timedelta(seconds=join),
             last_call=datetime.timedelta(seconds=last_call),
         ),
+        keep_alive_interval=1 if keep_alive else 5,  # torch's defaults: 5 s x 3
+        keep_alive_max_attempt=2 if keep_alive else 3,
     )
 
 
@@ -350,6 +353,24 @@ def _admit_all(
     for t in threads:
         t.join(30)
     return out
+
+
+def _install_cycle_steps(gate: SegmentGate, handler: Any, journal: Any) -> None:
+    """The launcher's cycle steps on ``handler``: its next_rendezvous as the agent calls it."""
+    from nvrx.launcher._cluster import ClusterOptions
+    from nvrx.launcher._cycle_steps import CycleSteps
+    from nvrx.launcher._events import Recorder
+    from nvrx.launcher.journal import JsonLines
+
+    steps = CycleSteps(
+        ClusterOptions(standby_nodes=True, segments=gate.settings),
+        Recorder(JsonLines(journal), JsonLines(None)),
+        gate._node,
+        run_id="seg",
+        job_key=b"k" * 32,
+    )
+    steps.gate = gate
+    steps.install(handler)
 
 
 def test_gate_first_start_then_a_lost_node_brings_the_standby_segment() -> None:
@@ -572,22 +593,7 @@ def test_standbys_take_over_when_every_active_node_is_lost_at_once() -> None:
     gates = _gates(4, "AABB")
     stores = [_client(server) for _ in gates]
 
-    def handler(store: Any) -> Any:
-        return dynamic_rendezvous.DynamicRendezvousHandler.from_backend(
-            "seg",
-            store,
-            C10dRendezvousBackend(store, "seg"),
-            min_nodes=2,
-            max_nodes=2,
-            timeout=dynamic_rendezvous.RendezvousTimeout(
-                join=datetime.timedelta(seconds=30),
-                last_call=datetime.timedelta(seconds=0.5),
-            ),
-            keep_alive_interval=1,
-            keep_alive_max_attempt=2,
-        )
-
-    handlers = [handler(st) for st in stores]
+    handlers = [_handler(st, last_call=0.5, join=30.0, keep_alive=True) for st in stores]
     done: dict[int, object] = {}
 
     def run(i: int) -> None:
@@ -636,25 +642,12 @@ def test_a_standby_segment_still_waiting_when_the_job_ends_exits_as_a_standby(
     rendezvous error (exit 5): they never joined one of torch's rounds."""
     from torch.distributed.elastic.rendezvous import RendezvousGracefulExitError
 
-    from nvrx.launcher._cluster import ClusterOptions
-    from nvrx.launcher._cycle_steps import CycleSteps
-    from nvrx.launcher._events import Recorder
-    from nvrx.launcher.journal import JsonLines
-
     server = _store()
     gates = _gates(4, "AABB")
     stores = [_client(server) for _ in gates]
     handlers = [_handler(s, last_call=0.5) for s in stores]
     for i in (2, 3):  # the standbys' next_rendezvous as the agent calls it
-        steps = CycleSteps(
-            ClusterOptions(standby_nodes=True, segments=gates[i].settings),
-            Recorder(JsonLines(tmp_path / f"j{i}"), JsonLines(None)),
-            f"n{i}",
-            run_id="seg",
-            job_key=b"k" * 32,
-        )
-        steps.gate = gates[i]
-        steps.install(handlers[i])
+        _install_cycle_steps(gates[i], handlers[i], tmp_path / f"j{i}")
     out: dict[int, object] = {}
 
     def run(i: int) -> None:
@@ -690,10 +683,6 @@ def test_an_elected_node_gone_before_torchs_round_forms_brings_a_new_election(
     leaves with exit 3, its journal says why) and segment B runs in torch's round."""
     from nvrx.launcher import _cycle_steps, _segment_gate
     from nvrx.launcher._agent import LauncherExit
-    from nvrx.launcher._cluster import ClusterOptions
-    from nvrx.launcher._cycle_steps import CycleSteps
-    from nvrx.launcher._events import Recorder
-    from nvrx.launcher.journal import JsonLines
 
     monkeypatch.setattr(_segment_gate, "_ROUND_MARGIN_S", 1.0)
     # This process serves the test's store: n0 would stay to host it until the job ends.
@@ -702,33 +691,10 @@ def test_an_elected_node_gone_before_torchs_round_forms_brings_a_new_election(
     gates = _gates(4, "AABB")
     stores = [_client(server) for _ in gates]
 
-    def handler(store: Any) -> Any:
-        return dynamic_rendezvous.DynamicRendezvousHandler.from_backend(
-            "seg",
-            store,
-            C10dRendezvousBackend(store, "seg"),
-            min_nodes=2,
-            max_nodes=2,
-            timeout=dynamic_rendezvous.RendezvousTimeout(
-                join=datetime.timedelta(seconds=60),
-                last_call=datetime.timedelta(seconds=0.5),
-            ),
-            keep_alive_interval=1,
-            keep_alive_max_attempt=2,
-        )
-
-    handlers = [handler(st) for st in stores]
+    handlers = [_handler(st, last_call=0.5, join=60.0, keep_alive=True) for st in stores]
     assert _segment_gate.round_deadline(handlers[0]) == pytest.approx(3.5)
     for i in (0, 2, 3):  # next_rendezvous as the agent calls it; n1 only passes the gate
-        steps = CycleSteps(
-            ClusterOptions(standby_nodes=True, segments=gates[i].settings),
-            Recorder(JsonLines(tmp_path / f"j{i}"), JsonLines(None)),
-            f"n{i}",
-            run_id="seg",
-            job_key=b"k" * 32,
-        )
-        steps.gate = gates[i]
-        steps.install(handlers[i])
+        _install_cycle_steps(gates[i], handlers[i], tmp_path / f"j{i}")
     out: dict[int, object] = {}
 
     def run(i: int) -> None:

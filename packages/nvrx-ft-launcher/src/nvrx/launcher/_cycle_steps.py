@@ -148,7 +148,7 @@ class CycleSteps:
         original = handler.next_rendezvous
 
         def next_rendezvous() -> RendezvousInfo:
-            first_try = time.monotonic()
+            elected_at: float | None = None  # a standby's wait at the gate does not count
             while True:
                 try:
                     admitted = gate.admit(handler, store)  # False: the job ended; torch says so
@@ -168,12 +168,15 @@ class CycleSteps:
                     # New to the job's rounds (a standby segment): the round it joins says
                     # whose places it takes (node_replaced), as a returning node's would.
                     self.aligner.nodes = gate.last_round(store)
-                deadline = round_deadline(handler)
+                if elected_at is None:
+                    elected_at = time.monotonic()
+                join = join_timeout(handler)
+                deadline = min(round_deadline(handler), join)
                 try:
                     with join_deadline(handler, deadline):
                         return original()
                 except RendezvousTimeoutError:
-                    if time.monotonic() - first_try + deadline > join_timeout(handler):
+                    if time.monotonic() - elected_at + deadline > join:
                         raise  # no time left for another election within the join timeout
                     logger.warning(
                         "torch's round of the segments elected in epoch %s did not form "
