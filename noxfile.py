@@ -294,20 +294,23 @@ def build(session: nox.Session) -> None:
             # The wheel carries the compiled hot path, not only its Python fallback.
             check += "; from nvrx.straggler.sections import HOT_PATH; assert HOT_PATH == 'c'"
         session.run(python, "-c", check, external=True)
-        added = sorted(installed_distributions(python) - with_torch)
+        added = sorted({n for n, _ in installed_distributions(python) - with_torch})
         session.run(python, "-m", "pip", "uninstall", "-q", "-y", *added, external=True)
-        if installed_distributions(python) != with_torch:
-            session.error(f"{name}: the venv did not go back to torch alone")
+        if installed_distributions(python) != with_torch:  # e.g. a dependency torch brought
+            session.error(f"{name}: the venv did not go back to torch alone")  # was upgraded
     shutil.rmtree(venv)
     sdist_without_compiler(session, next(dist.glob("nvrx_straggler-*.tar.gz")))
 
 
-def installed_distributions(python: str) -> set[str]:
-    """The names of the distributions installed for ``python`` (pip's own included)."""
+def installed_distributions(python: str) -> set[tuple[str, str]]:
+    """(name, version) of each distribution installed for ``python`` (pip's own included)."""
     listing = subprocess.run(
-        [python, "-m", "pip", "list", "--format=json"], check=True, capture_output=True, text=True
+        [python, "-m", "pip", "list", "--format=json", "--disable-pip-version-check"],
+        check=True,
+        capture_output=True,
+        text=True,
     ).stdout
-    return {entry["name"].lower() for entry in json.loads(listing)}
+    return {(entry["name"].lower(), entry["version"]) for entry in json.loads(listing)}
 
 
 # Run where nvrx-straggler was installed without its extension: the Python path runs,

@@ -29,8 +29,10 @@ import tempfile
 import time
 from typing import Any
 
-sys.path.insert(
-    0, str(pathlib.Path(__file__).resolve().parents[1] / "packages/nvrx-ft-launcher/tests")
+# Last on the path: run.py loads every benchmark in one process, and nothing in the
+# launcher's tests may shadow a module another benchmark imports.
+sys.path.append(
+    str(pathlib.Path(__file__).resolve().parents[1] / "packages/nvrx-ft-launcher/tests")
 )
 
 from _common import Metric

@@ -673,6 +673,19 @@ def test_a_standby_segment_still_waiting_when_the_job_ends_exits_as_a_standby(
     assert isinstance(out[3], RendezvousGracefulExitError), out[3]
 
 
+def test_the_round_deadline_grows_with_the_round_and_large_rounds_keep_the_join_timeout() -> None:
+    """torch's defaults (last call 30 s, keep-alive 5 s x 3, join 600 s): 105 s for a
+    small round, 0.5 s more per elected node; from about 1,000 nodes on it reaches the
+    join timeout, so a large round that is merely slow to form is never cut short."""
+    from nvrx.launcher._segment_gate import join_timeout, round_deadline
+
+    server = _store()  # kept: the handler's client needs it up
+    handler = _handler(_client(server), last_call=30.0, join=600.0)
+    assert round_deadline(handler, 0) == pytest.approx(105.0)
+    assert round_deadline(handler, 16) == pytest.approx(113.0)
+    assert round_deadline(handler, 1024) > join_timeout(handler) == 600.0
+
+
 @pytest.mark.timeout(90)
 def test_an_elected_node_gone_before_torchs_round_forms_brings_a_new_election(
     tmp_path: Any, monkeypatch: pytest.MonkeyPatch
@@ -684,7 +697,8 @@ def test_an_elected_node_gone_before_torchs_round_forms_brings_a_new_election(
     from nvrx.launcher import _cycle_steps, _segment_gate
     from nvrx.launcher._agent import LauncherExit
 
-    monkeypatch.setattr(_segment_gate, "_ROUND_MARGIN_S", 1.0)
+    monkeypatch.setattr(_segment_gate, "_ROUND_MARGIN_S", 5.0)  # B's round takes 1.5-2.5 s
+    monkeypatch.setattr(_segment_gate, "_ROUND_PER_NODE_S", 0.0)
     # This process serves the test's store: n0 would stay to host it until the job ends.
     monkeypatch.setattr(_cycle_steps, "hosts_store", lambda store: False)
     server = _store()
@@ -692,7 +706,7 @@ def test_an_elected_node_gone_before_torchs_round_forms_brings_a_new_election(
     stores = [_client(server) for _ in gates]
 
     handlers = [_handler(st, last_call=0.5, join=60.0, keep_alive=True) for st in stores]
-    assert _segment_gate.round_deadline(handlers[0]) == pytest.approx(3.5)
+    assert _segment_gate.round_deadline(handlers[0], 2) == pytest.approx(7.5)
     for i in (0, 2, 3):  # next_rendezvous as the agent calls it; n1 only passes the gate
         _install_cycle_steps(gates[i], handlers[i], tmp_path / f"j{i}")
     out: dict[int, object] = {}
@@ -724,6 +738,8 @@ def test_an_elected_node_gone_before_torchs_round_forms_brings_a_new_election(
     assert [g.epoch for g in gates[2:]] == [1, 1]
     assert [s.name for s in gates[2]._elections[1].broken] == ["A#0"]
     assert '"event": "segment_left"' in (tmp_path / "j0").read_text()
+    for h in handlers:  # B's keep-alive timers would outlive the test's store
+        h._stop_heartbeats()
 
 
 def test_unsigned_counters_from_outside_the_job_decide_nothing(tmp_path: Any) -> None:

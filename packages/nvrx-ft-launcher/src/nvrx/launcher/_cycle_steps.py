@@ -171,7 +171,7 @@ class CycleSteps:
                 if elected_at is None:
                     elected_at = time.monotonic()
                 join = join_timeout(handler)
-                deadline = min(round_deadline(handler), join)
+                deadline = min(round_deadline(handler, gate.elected_nodes()), join)
                 try:
                     with join_deadline(handler, deadline):
                         return original()

@@ -60,8 +60,12 @@ _SCAN_S = 0.25
 _SLOT_MARGIN = 8
 #: Any node may elect; the one in place i after i x this, should the earlier ones die.
 _ELECTOR_STAGGER_S = 2.0
-#: What torch's round of the elected nodes may take beyond its last call and keep-alive.
+#: What torch's round of the elected nodes may take beyond its last call and keep-alive:
+#: this, plus the per-node share (every join is a compare-and-set on torch's one state
+#: key, so a large round takes longer to form; at 1,024 nodes the deadline reaches
+#: torch's default join timeout and nothing is cut short).
 _ROUND_MARGIN_S = 60.0
+_ROUND_PER_NODE_S = 0.5
 
 
 class GateFull(Exception):
@@ -334,6 +338,11 @@ class SegmentGate:
                 )
             epoch += 1
 
+    def elected_nodes(self) -> int:
+        """How many nodes the epoch this node was last admitted in elected (0: none yet)."""
+        election = None if self.epoch is None else self._elections.get(self.epoch)
+        return 0 if election is None else len(election.active_nodes())
+
     def _back(self, store: Store, epoch: int, seg: Segment) -> list[str]:
         here = {m.node for m in self._present(store, epoch)}
         return [n for n in seg.members if n in here]
@@ -499,15 +508,17 @@ def keep_alive_window(handler: RendezvousHandler) -> float:
     return seconds * (attempts if isinstance(attempts, int) else 3)
 
 
-def round_deadline(handler: RendezvousHandler) -> float:
-    """How long torch's round of the elected nodes may take to form, in seconds.
+def round_deadline(handler: RendezvousHandler, nodes: int) -> float:
+    """How long torch's round of ``nodes`` elected nodes may take to form, in seconds.
 
     Each of them was at the gate a moment ago: the round needs torch's last call, a dead
     node of the last round dropped from torch's lists (its keep-alive window) and a
-    margin. Longer, and an elected node is gone: the nodes go back to the gate, where a
-    new election breaks its segment and brings a standby segment in.
+    margin that grows with the round. Longer, and an elected node is gone: the nodes go
+    back to the gate, where a new election breaks its segment and brings a standby
+    segment in.
     """
-    return _timeout(handler, "last_call", 30.0) + keep_alive_window(handler) + _ROUND_MARGIN_S
+    margin = _ROUND_MARGIN_S + _ROUND_PER_NODE_S * max(nodes, 0)
+    return _timeout(handler, "last_call", 30.0) + keep_alive_window(handler) + margin
 
 
 def join_timeout(handler: RendezvousHandler) -> float:

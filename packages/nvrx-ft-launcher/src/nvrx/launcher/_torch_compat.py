@@ -153,7 +153,9 @@ def leave_rendezvous(handler: RendezvousHandler, timeout_s: float) -> None:
 def join_deadline(handler: RendezvousHandler, seconds: float) -> Iterator[None]:
     """Torch's join timeout of ``handler`` is ``seconds`` for the joins made inside.
 
-    Its own join timeout (``--rdzv-conf join_timeout``) stays for every other join.
+    Its own join timeout (``--rdzv-conf join_timeout``) stays for every other join, and
+    for the rest of a join once the node leaves torch's redundancy list (torch's op
+    executor then takes a new deadline from its own copy of the settings).
     """
     if not isinstance(handler, dynamic_rendezvous.DynamicRendezvousHandler):
         yield
