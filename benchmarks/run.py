@@ -1,10 +1,13 @@
 """Run every ``benchmarks/bench_*.py`` and write one JSON file and a table.
 
-    python benchmarks/run.py [--quick] [--only AREA ...] [--output PATH] [--publish PAGE]
+    python benchmarks/run.py [--quick] [--only AREA ...] [--merge] [--output PATH]
+                             [--publish PAGE]
 
 Results go to ``benchmarks/results/latest.json`` by default, with the machine
 they ran on. The same table is printed and written as Markdown next to it;
 ``--publish docs/benchmarks.md`` also writes the docs page that shows it.
+``--merge`` (with ``--only``) keeps the other areas' figures from the existing output,
+each with the date of the run that measured it.
 """
 
 from __future__ import annotations
@@ -91,12 +94,26 @@ def publish(page: pathlib.Path, machine_info: dict[str, object], text: str) -> N
     )
 
 
+def merged(earlier: dict[str, object], rerun: set[str]) -> tuple[list[Metric], dict[str, object]]:
+    """The figures of an earlier output whose areas were not run again, and their dates."""
+    machine_info = earlier.get("machine")
+    default = machine_info.get("date") if isinstance(machine_info, dict) else None
+    raw_dates = earlier.get("area_dates")
+    known = raw_dates if isinstance(raw_dates, dict) else {}
+    raw = earlier.get("metrics")
+    kept = [Metric(**m) for m in (raw if isinstance(raw, list) else []) if m["area"] not in rerun]
+    return kept, {m.area: known.get(m.area, default) for m in kept}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer samples, for smoke runs")
     parser.add_argument("--only", nargs="*", default=[], help="areas to run (bench_<area>.py)")
     parser.add_argument("--output", type=pathlib.Path, default=HERE / "results" / "latest.json")
     parser.add_argument("--publish", type=pathlib.Path, help="also write this docs page")
+    parser.add_argument(
+        "--merge", action="store_true", help="keep the other areas' figures from --output"
+    )
     args = parser.parse_args(argv)
 
     metrics: list[Metric] = []
@@ -111,9 +128,15 @@ def main(argv: list[str] | None = None) -> int:
 
     args.output.parent.mkdir(parents=True, exist_ok=True)
     about = machine()
+    dates = dict.fromkeys({m.area for m in metrics}, about["date"])
+    if args.merge and args.output.exists():
+        kept, kept_dates = merged(json.loads(args.output.read_text()), {m.area for m in metrics})
+        metrics = kept + metrics
+        dates = kept_dates | dates
     report = {
         "machine": about,
         "metrics": [dataclasses.asdict(m) for m in metrics],
+        "area_dates": dates,
         "failed": failed,
     }
     args.output.write_text(json.dumps(report, indent=2) + "\n")
@@ -122,6 +145,8 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     print(f"\nwrote {args.output}")
     if args.publish is not None:
+        if len(set(dates.values())) > 1:
+            about = {**about, "date": "; ".join(f"{a} {d}" for a, d in sorted(dates.items()))}
         publish(args.publish, about, text)
         print(f"wrote {args.publish}")
     if failed:
