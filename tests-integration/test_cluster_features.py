@@ -11,6 +11,7 @@ Nothing is left behind (the ``launch`` fixture fails the test otherwise).
 
 from __future__ import annotations
 
+import collections
 import os
 import pathlib
 import re
@@ -215,6 +216,13 @@ def test_cycle_info_matches_the_journal_and_logs_survive_sigterm(
     )
 
 
+def _first_full_cycle(ranks_file: pathlib.Path, world_size: int) -> int | None:
+    """The first cycle that ``world_size`` ranks have said they ran in, if any yet."""
+    counts = collections.Counter(r["cycle"] for r in read_jsonl(ranks_file))
+    full = [cycle for cycle, n in counts.items() if n == world_size]
+    return min(full) if full else None
+
+
 def test_a_node_that_turns_unhealthy_leaves_at_the_restart_and_the_others_go_on(
     launch: Launch, tmp_path: pathlib.Path, out_dir: pathlib.Path
 ) -> None:
@@ -226,7 +234,18 @@ def test_a_node_that_turns_unhealthy_leaves_at_the_restart_and_the_others_go_on(
         extra = [f"--ft-node-health-check-cmd=test ! -e {flag}"] if i == 2 else []
         nodes.append(
             launch(
-                ["--seconds", "2", "--fail-rank", "0", "--fail-cycle", "0", "--fail-after", "4"],
+                # Rank 0 fails in the cycle with all 3 nodes: under load node 2 can start
+                # after the first 2 formed cycle 0, and its join then costs a restart.
+                [
+                    "--seconds",
+                    "5",
+                    "--fail-rank",
+                    "0",
+                    "--fail-world-size",
+                    "3",
+                    "--fail-after",
+                    "4",
+                ],
                 [*rdzv, f"--ft-journal={tmp_path / f'n{i}.jsonl'}", *extra],
                 script=CYCLE_RANK,
                 name=f"n{i}",
@@ -236,23 +255,26 @@ def test_a_node_that_turns_unhealthy_leaves_at_the_restart_and_the_others_go_on(
         )
         if i == 0:
             wait_for_store(port)
+    ranks_file = out_dir / "ranks.jsonl"
     nodes[0].wait_until(
-        lambda: len(read_jsonl(out_dir / "ranks.jsonl")) == 3, 120, "the first cycle's 3 ranks"
+        lambda: _first_full_cycle(ranks_file, 3) is not None, 120, "a cycle with all 3 ranks"
     )
+    full = _first_full_cycle(ranks_file, 3)
+    assert full is not None
     flag.touch()  # node 2's check fails from now on: at the restart rank 0 causes
     nodes[2].expect_exit(3, 120)
     for run in nodes[:2]:
         run.expect_exit(0, 180)
     (unhealthy,) = journal_events(tmp_path / "n2.jsonl", "node_unhealthy")
-    assert unhealthy["cycle"] == 1
+    assert unhealthy["cycle"] == full + 1
     (failure,) = unhealthy["failures"]
     assert failure["check"] == "command"
     assert "exited 1" in failure["reason"]
     for i in range(2):
         starts = journal_events(tmp_path / f"n{i}.jsonl", "workers_started")
-        assert [s["group_world_size"] for s in starts] == [3, 2]
-    second = [r for r in read_jsonl(out_dir / "ranks.jsonl") if r["cycle"] == 1]
-    assert sorted(r["rank"] for r in second) == [0, 1]
+        assert [s["group_world_size"] for s in starts][-2:] == [3, 2]
+    after = [r for r in read_jsonl(ranks_file) if r["cycle"] == full + 1]
+    assert sorted(r["rank"] for r in after) == [0, 1]
 
 
 def _without_numactl(path: str) -> str:

@@ -5,7 +5,9 @@ Prints (to stdout) its RANK, GROUP_RANK and the cycle info it reads through
 line to ``<out>/ranks.jsonl``, heartbeats its monitor, then:
 
 - ``--fail-rank R --fail-cycle C``: global rank R exits 3 in cycle C (after
-  ``--fail-after`` seconds of heartbeats);
+  ``--fail-after`` seconds of heartbeats); ``--fail-world-size N`` instead of
+  ``--fail-cycle``: in every cycle whose WORLD_SIZE is N (a test that cannot know which
+  cycle first has every node, when a late node's join costs a restart);
 - on SIGTERM it prints a last line to stdout and stderr and exits 143 (the per-cycle
   log test checks that line survived the launcher's SIGTERM);
 - otherwise it sleeps ``--seconds`` (heartbeating) and exits 0.
@@ -39,6 +41,7 @@ def main() -> int:
     parser.add_argument("--fail-rank", type=int, default=-1)
     parser.add_argument("--fail-cycle", type=int, default=0)
     parser.add_argument("--fail-after", type=float, default=0.0)
+    parser.add_argument("--fail-world-size", type=int, default=0)
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, _on_sigterm)
     rank = int(os.environ["RANK"])
@@ -59,7 +62,11 @@ def main() -> int:
     os.close(fd)
     client = RankMonitorClient()
     client.init_workload_monitoring()
-    if rank == args.fail_rank and cycle == args.fail_cycle:
+    if args.fail_world_size:
+        failing_cycle = int(os.environ["WORLD_SIZE"]) == args.fail_world_size
+    else:
+        failing_cycle = cycle == args.fail_cycle
+    if rank == args.fail_rank and failing_cycle:
         _heartbeat(client, args.fail_after)
         print(f"rank {rank} fails on purpose in cycle {cycle}", file=sys.stderr, flush=True)
         return 3
