@@ -472,12 +472,10 @@ class _Publisher:
         self._pending: tuple[str, StragglerReportLike, dict[str, Any]] | None = None
         self._busy = False
         self._thread: threading.Thread | None = None
-        self._pid = os.getpid()
 
     def submit(self, path: str, report: StragglerReportLike, fields: dict[str, Any]) -> None:
         with self._cond:
-            if self._thread is None or self._pid != os.getpid():  # none yet, or forked
-                self._pid, self._busy = os.getpid(), False
+            if self._thread is None:  # none yet (a forked child's reset also clears it)
                 self._thread = threading.Thread(
                     target=self._run, name="nvrx-straggler-scores", daemon=True
                 )
@@ -492,8 +490,6 @@ class _Publisher:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         with self._cond:
             while self._pending is not None or self._busy:
-                if self._pid != os.getpid():
-                    return False  # a forked child: its parent's writer is not here
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     return False
@@ -538,8 +534,7 @@ class _Publisher:
 _EXIT_FLUSH_S = 2.0
 
 _publisher = _Publisher()
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_publisher._reset)
+os.register_at_fork(after_in_child=_publisher._reset)
 
 
 def publish_straggler_report(
