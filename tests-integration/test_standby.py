@@ -204,7 +204,9 @@ def test_a_launcher_beyond_max_is_refused(
     for i in range(2):
         runs.append(
             launch(
-                ["--steps=60", "--step-time=0.25", "--checkpoint-every=10"],
+                # 30 s: the extra launcher starts (torch's import, 3-8 s under load) and
+                # waits a keep-alive window (4 s) before it is refused, all while it runs
+                ["--steps=120", "--step-time=0.25", "--checkpoint-every=10"],
                 [*rdzv, f"--ft-journal={journals[i]}"],
                 script=DDP_STEPS,
                 name=f"node{i}",

@@ -15,10 +15,13 @@ from launcher_testkit import Launcher, read_events, wait_for  # type: ignore[imp
 from nvrx.ft import FaultToleranceConfig
 from nvrx.launcher._monitors import MonitorSupervisor
 
+STALL_S = 2.5
+
 
 @pytest.fixture
 def supervisor() -> Iterator[MonitorSupervisor]:
-    monitors = MonitorSupervisor(FaultToleranceConfig(), 2, stall_timeout=1.0)
+    # a monitor starved of the CPU for a second on a loaded machine is not stalled
+    monitors = MonitorSupervisor(FaultToleranceConfig(), 2, stall_timeout=STALL_S)
     started: list[int] = []
     try:
         monitors.start()
@@ -51,7 +54,7 @@ def test_a_stopped_monitor_is_reported_killed_and_replaced(
     supervisor: MonitorSupervisor,
 ) -> None:
     assert supervisor.dead() == {}
-    time.sleep(1.5)  # longer than the stall timeout: running monitors keep beating
+    time.sleep(STALL_S + 0.5)  # longer than the stall timeout: running monitors keep beating
     assert supervisor.dead() == {}
     stopped = supervisor.pids()[1]
     os.kill(stopped, signal.SIGSTOP)
@@ -73,7 +76,7 @@ def test_a_monitor_stopped_briefly_is_left_alone(supervisor: MonitorSupervisor) 
     time.sleep(0.3)
     assert supervisor.dead() == {}
     os.kill(pid, signal.SIGCONT)
-    time.sleep(1.5)
+    time.sleep(STALL_S + 0.5)
     assert supervisor.dead() == {}
     assert supervisor.pids()[0] == pid
 

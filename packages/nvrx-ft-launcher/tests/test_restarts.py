@@ -254,12 +254,12 @@ def test_excluded_node_leaves_and_the_other_carries_on(start_launcher: Start) ->
         "--rdzv-id", "exclusion", "--local-addr", "127.0.0.1",
     ]  # fmt: skip
     # Cycle 0: the first node alone; cycle 1: both (the second joined); rank 1, on the
-    # second node, then asks to exclude its node. Cycle 0 trains long enough (6 s) for
+    # second node, then asks to exclude its node. Cycle 0 trains long enough (10 s) for
     # the second launcher to start and join on a loaded machine: a first node that
     # finished before would close the store the second is connecting to.
     script = [
         "--steps",
-        "120",
+        "200",
         "--step-time",
         "0.05",
         "--fault",

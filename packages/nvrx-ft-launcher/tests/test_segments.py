@@ -635,16 +635,23 @@ def test_standbys_take_over_when_every_active_node_is_lost_at_once() -> None:
 
 
 def test_a_standby_segment_still_waiting_when_the_job_ends_exits_as_a_standby(
-    tmp_path: Any,
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The job closes the rendezvous while segment B waits: B's launchers end the way
     torch's standby nodes do (its graceful exit, ft_launcher's exit 0), not as a
-    rendezvous error (exit 5): they never joined one of torch's rounds."""
+    rendezvous error (exit 5): they never joined one of torch's rounds. A standby that
+    hosts the store serves it a moment longer, so the others still see the end."""
     from torch.distributed.elastic.rendezvous import RendezvousGracefulExitError
+
+    from nvrx.launcher import _cycle_steps
 
     server = _store()
     gates = _gates(4, "AABB")
     stores = [_client(server) for _ in gates]
+    grace = 2.0  # longer than the gate's poll of the closed rendezvous (1 s)
+    monkeypatch.setattr(_cycle_steps, "_HOST_GRACE_S", grace)
+    monkeypatch.setattr(_cycle_steps, "hosts_store", lambda store: store is stores[2])
+    ended: dict[int, float] = {}
     handlers = [_handler(s, last_call=0.5) for s in stores]
     for i in (2, 3):  # the standbys' next_rendezvous as the agent calls it
         _install_cycle_steps(gates[i], handlers[i], tmp_path / f"j{i}")
@@ -657,6 +664,7 @@ def test_a_standby_segment_still_waiting_when_the_job_ends_exits_as_a_standby(
             )
         except BaseException as exc:
             out[i] = exc
+        ended[i] = time.monotonic()
 
     threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(4)]
     for t in threads:
@@ -666,11 +674,13 @@ def test_a_standby_segment_still_waiting_when_the_job_ends_exits_as_a_standby(
     assert out == {0: True, 1: True}
     assert threads[2].is_alive()
     assert threads[3].is_alive()
+    closed_at = time.monotonic()
     handlers[0].set_closed()  # the job ended (an agent closes it when its ranks are done)
     for t in threads[2:]:
         t.join(20)
     assert isinstance(out[2], RendezvousGracefulExitError), out[2]
     assert isinstance(out[3], RendezvousGracefulExitError), out[3]
+    assert ended[2] - closed_at >= grace  # node 2 hosts the store: it served it longer
 
 
 def test_the_round_deadline_grows_with_the_round_and_large_rounds_keep_the_join_timeout() -> None:

@@ -159,6 +159,7 @@ class CycleSteps:
                 if not admitted and gate.epoch is None:
                     # A standby segment never elected: it joined none of torch's rounds, so
                     # torch would call the closed rendezvous an error (not its standby exit).
+                    _serve_a_moment_if_host(store)
                     raise RendezvousGracefulExitError(
                         "the rendezvous is closed: the job ended while this segment waited"
                     )
@@ -264,8 +265,8 @@ class CycleSteps:
         if self.gate is None:
             return
         store = rendezvous_store(handler)
-        if store is not None and hosts_store(store):
-            time.sleep(_HOST_GRACE_S)
+        if store is not None:
+            _serve_a_moment_if_host(store)
 
     def feed(self, record: dict[str, Any]) -> None:
         """One journal record (the cycle-info file follows the journal)."""
@@ -397,6 +398,16 @@ def _host_until_the_job_ends(
             return
         time.sleep(1.0)
     time.sleep(_HOST_GRACE_S)  # the others' last store calls (leave barrier)
+
+
+def _serve_a_moment_if_host(store: Store) -> None:
+    """The job ended: the store's host serves ``_HOST_GRACE_S`` more before it exits.
+
+    The other nodes still read the closed rendezvous (standbys at the gate poll it) and
+    run their leave barrier through this store; were it gone, they would exit 5.
+    """
+    if hosts_store(store):
+        time.sleep(_HOST_GRACE_S)
 
 
 def _settle_window(handler: RendezvousHandler) -> float:
