@@ -16,7 +16,6 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from datetime import timedelta
 from typing import Any, NoReturn
 
 from torch.distributed.elastic.rendezvous import (
@@ -53,6 +52,7 @@ from ._segment_gate import (
     join_timeout,
     keep_alive_window,
     round_deadline,
+    settle_window,
 )
 from ._torch_compat import (
     Store,
@@ -376,7 +376,7 @@ def _host_until_the_job_ends(
     plus two settle windows (the standbys' own opening of an orphaned epoch, then its
     election) plus :data:`_HOST_IDLE_S`, nobody needs it.
     """
-    settle = _settle_window(handler)
+    settle = settle_window(handler)
     idle_after = keep_alive_window(handler) + 2 * settle + _HOST_IDLE_S
     empty_since: float | None = None
     last_activity: tuple[int, int, int] | None = None
@@ -408,12 +408,6 @@ def _serve_a_moment_if_host(store: Store) -> None:
     """
     if hosts_store(store):
         time.sleep(_HOST_GRACE_S)
-
-
-def _settle_window(handler: RendezvousHandler) -> float:
-    settings = getattr(handler, "settings", None)
-    value = getattr(getattr(settings, "timeout", None), "last_call", None)
-    return value.total_seconds() if isinstance(value, timedelta) else 30.0
 
 
 def _one_too_many(reason: str) -> NoReturn:

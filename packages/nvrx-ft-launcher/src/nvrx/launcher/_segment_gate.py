@@ -351,7 +351,7 @@ class SegmentGate:
         self, handler: RendezvousHandler, store: Store, epoch: int, *, opener: bool
     ) -> Election | None:
         """Epoch ``epoch``'s election (taking part once it is open); None if the job ended."""
-        settle = _timeout(handler, "last_call", 30.0)
+        settle = settle_window(handler)
         join = join_timeout(handler)
         if opener:
             self._open(store, epoch)
@@ -518,7 +518,12 @@ def round_deadline(handler: RendezvousHandler, nodes: int) -> float:
     segment in.
     """
     margin = _ROUND_MARGIN_S + _ROUND_PER_NODE_S * max(nodes, 0)
-    return _timeout(handler, "last_call", 30.0) + keep_alive_window(handler) + margin
+    return settle_window(handler) + keep_alive_window(handler) + margin
+
+
+def settle_window(handler: RendezvousHandler) -> float:
+    """torch's last call (``--rdzv-conf last_call_timeout``), in seconds: the settle window."""
+    return _timeout(handler, "last_call", 30.0)
 
 
 def join_timeout(handler: RendezvousHandler) -> float:
