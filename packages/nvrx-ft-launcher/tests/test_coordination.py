@@ -495,3 +495,31 @@ def test_the_watcher_wakes_a_select_when_the_decision_comes() -> None:
     finally:
         coord.close()
     assert JobCoordinator(EtcdLikeStore(), "job", "a").fileno() is None
+
+
+def test_a_timeline_counted_before_it_is_written_is_still_read(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A node takes its index (the counter) and writes its timeline after: the summary
+    writer, seeing the count complete, waits for the value instead of missing it."""
+    from nvrx.launcher import _coordination
+
+    monkeypatch.setattr(_coordination, "_TIMELINE_WRITE_S", 30.0)  # a loaded machine's 0.5 s
+    writer = JobCoordinator(store, "job", "a")
+    late = JobCoordinator(store, "job", "b")
+    writer.publish_timeline(3, '{"node": "a"}')
+    prefixed = PrefixStore("nvrx.launcher.job", store)
+    assert prefixed.add("cycle/3/timelines", 1) == 2  # b's index, as publish_timeline takes it
+    body = '{"node": "b"}'
+
+    def write_late() -> None:
+        time.sleep(0.5)
+        late._publish("cycle/3/timeline/2", body)
+
+    thread = threading.Thread(target=write_late, daemon=True)
+    thread.start()
+    try:
+        got = writer.timelines(3, 2, 0.1, json.loads)  # the count is there at once
+    finally:
+        thread.join(10)
+    assert sorted(t["node"] for t in got) == ["a", "b"]

@@ -72,6 +72,8 @@ _MAX_CAS_TRIES = 16
 # Goodput timelines read by the summary writer, at most (a forged counter cannot make
 # it read more).
 _MAX_TIMELINES = 4096
+# Seconds a counted node's timeline may take to appear after the others' wait ran out.
+_TIMELINE_WRITE_S = 1.0
 # The watcher's wait on a decision key: long, so that a quiet job makes one store call per
 # this period and node (a timed-out wait also makes torch log a line); it is re-armed.
 _WATCH_WAIT = datetime.timedelta(hours=1)
@@ -609,7 +611,13 @@ class JobCoordinator:
         while int(self._store.add(counter, 0)) < nodes and time.monotonic() < deadline:
             time.sleep(_POLL_S)
         count = min(int(self._store.add(counter, 0)), _MAX_TIMELINES)
-        found = (self._read(f"cycle/{cycle}/timeline/{i}", parse) for i in range(1, count + 1))
+        names = [f"cycle/{cycle}/timeline/{i}" for i in range(1, count + 1)]
+        # A node takes its index (the counter) before it writes its timeline: the ones
+        # counted get the rest of the wait, at least _TIMELINE_WRITE_S, to be written.
+        written_by = max(deadline, time.monotonic() + _TIMELINE_WRITE_S)
+        while names and not self._store.check(names) and time.monotonic() < written_by:
+            time.sleep(_POLL_S)
+        found = (self._read(name, parse) for name in names)
         return [value for value in found if value is not None]
 
     def arrive(self, cycle: int) -> int:
