@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -238,11 +239,21 @@ def tiny_fit(
     ckpt_dir: Path | None = None,
     ckpt_every: int = 2,
     model: object = None,
+    step_s: float = 0.0,
 ) -> object:
-    """Fit a tiny model in this process (Lightning is imported already: fast)."""
+    """Fit a tiny model in this process (Lightning is imported already: fast).
+
+    ``step_s``: each step lasts at least that long (a sleep after the batch), so a fit
+    of N steps outlasts a report interval however fast the machine; unpaced, a step of
+    this model takes 0.3-2 ms.
+    """
     import lightning.pytorch as pl
     import torch
     from torch.utils.data import DataLoader, TensorDataset
+
+    class Pace(pl.Callback):
+        def on_train_batch_end(self, *args: object) -> None:
+            time.sleep(step_s)
 
     class Tiny(pl.LightningModule):
         def __init__(self) -> None:
@@ -263,6 +274,8 @@ def tiny_fit(
             *callbacks,
             ModelCheckpoint(dirpath=ckpt_dir, save_last=True, every_n_train_steps=ckpt_every),
         ]
+    if step_s > 0:
+        callbacks = [*callbacks, Pace()]
     trainer = pl.Trainer(
         accelerator="cpu",
         devices=1,

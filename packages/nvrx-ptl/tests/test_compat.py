@@ -43,7 +43,7 @@ def test_env_var_selects_pytorch_lightning_and_a_fit_works(procs: Procs, tmp_pat
     out = _run(
         procs,
         f"""
-        import logging, torch, pytorch_lightning as pl
+        import logging, time, torch, pytorch_lightning as pl
         logging.basicConfig(level=logging.INFO)
         from torch.utils.data import DataLoader, TensorDataset
         from nvrx.ptl import FaultToleranceCallback, StragglerDetectionCallback
@@ -53,6 +53,7 @@ def test_env_var_selects_pytorch_lightning_and_a_fit_works(procs: Procs, tmp_pat
                 super().__init__()
                 self.layer = torch.nn.Linear(2, 1)
             def training_step(self, batch, batch_idx):
+                time.sleep(0.001)  # 300 steps outlast several report intervals
                 return self.layer(batch[0]).pow(2).mean()
             def validation_step(self, batch, batch_idx):
                 pass

@@ -182,7 +182,7 @@ def test_sections_and_straggler_callbacks_together(
     ft = FaultToleranceSectionsCallback(autoresume=False, calculate_timeouts=False)
     straggler = StragglerDetectionCallback(report_time_interval=0.1, logger_name="test.both")
     with caplog.at_level(logging.INFO, logger="test.both"):
-        tiny_fit(tmp_path, [ft, straggler, probe], max_steps=300)
+        tiny_fit(tmp_path, [ft, straggler, probe], max_steps=300, step_s=0.002)  # >= 0.6 s
     assert probe.seen["backward"] == {("step",)}
     assert "Section 'SingleDeviceStrategy.training_step' relative performance" in caplog.text
     assert not ft.is_initialized
