@@ -224,6 +224,17 @@ class LauncherRun:
         ]
         return max(steps, default=0)
 
+    def at_a_checkpoint_step(self, *, rank: int, at_least: int, every: int) -> bool:
+        """Whether ``rank``'s last journalled step is a checkpoint step of ``at_least`` or more.
+
+        The moment to SIGKILL that rank's node: a rank journals a step after its
+        all-reduce and its step time, so a kill can fall in between, and that step is
+        never journalled. Killed at a checkpoint step, the next checkpoint would need
+        this rank's next ``every`` steps, so none can hold a step it did not journal.
+        """
+        step = self.steps_done(rank=rank)
+        return step >= at_least and step % every == 0
+
     def wait_until(self, condition: Callable[[], bool], timeout: float, what: str) -> None:
         """:func:`wait_for`, failing with the launcher's state and log tail."""
         try:

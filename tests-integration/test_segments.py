@@ -81,8 +81,6 @@ def test_a_lost_node_takes_its_segment_out_and_the_standby_segment_takes_over(
     # One whole segment runs; the other's nodes run nothing and are in no round.
     assert first in ([0, 1], [2, 3]), f"the first round is not one whole segment: {first}"
     standbys = [i for i in range(4) if i not in first]
-    wait_for(lambda: runs[0].steps_done(rank=0) >= 4, 120, "training ran some steps")
-    assert active() == first, "a standby segment's node started ranks"
     # Kill the active segment's node that does not host the store (node 0 hosts it).
     victim = first[1]
     survivor = first[0]
@@ -91,6 +89,12 @@ def test_a_lost_node_takes_its_segment_out_and_the_standby_segment_takes_over(
         i: journal_events(journals[i], "workers_started")[0]["group_rank"] for i in first
     }
     assert sorted(ranks_before.values()) == [0, 1]
+    wait_for(
+        lambda: runs[0].at_a_checkpoint_step(rank=ranks_before[victim], at_least=4, every=2),
+        120,
+        "training ran some steps",
+    )
+    assert active() == first, "a standby segment's node started ranks"
     os.kill(runs[victim].pid, signal.SIGKILL)
     assert runs[victim].wait(30) == -signal.SIGKILL
 

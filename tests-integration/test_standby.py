@@ -96,15 +96,20 @@ def test_a_standby_replaces_a_killed_node_and_training_goes_on(
         return [i for i in range(3) if journal_events(journals[i], "workers_started")]
 
     wait_for(lambda: len(active()) == 2, 120, "two nodes started ranks")
-    # With spares, later: the survivor's spare should have imported torch by the restart.
-    before_kill = 10 if spares else 4
-    wait_for(lambda: runs[0].steps_done(rank=0) >= before_kill, 120, "training ran some steps")
     assert 0 in active(), "the store's host (started first) should be an active node"
     (victim,) = [i for i in active() if i != 0]
     (standby,) = [i for i in range(3) if i not in active()]
-    assert journal_events(journals[0], "decision") == [], "the standby must not restart the job"
     killed_rank = journal_events(journals[victim], "workers_started")[0]["group_rank"]
     killed_node = read_jsonl(journals[victim])[0]["node"]
+    # With spares, later: the survivor's spare should have imported torch by the restart.
+    before_kill = 10 if spares else 4
+    wait_for(
+        lambda: runs[0].at_a_checkpoint_step(rank=killed_rank, at_least=before_kill, every=2),
+        120,
+        "training ran some steps",
+    )
+    assert active() == sorted([0, victim]), "the standby started ranks"
+    assert journal_events(journals[0], "decision") == [], "the standby must not restart the job"
     os.kill(runs[victim].pid, signal.SIGKILL)
     assert runs[victim].wait(30) == -signal.SIGKILL
 
