@@ -603,8 +603,9 @@ class JobCoordinator:
     ) -> list[Any]:
         """The nodes' timelines of ``cycle``, each read through ``parse``.
 
-        Waits up to ``wait_s`` for ``nodes`` of them; values that do not verify or parse
-        are ignored and reported.
+        Waits up to ``wait_s`` for ``nodes`` of them to be counted, then for the counted
+        ones to be written (the rest of ``wait_s``, at least ``_TIMELINE_WRITE_S``);
+        values that do not verify or parse are ignored and reported.
         """
         counter = f"cycle/{cycle}/timelines"
         deadline = time.monotonic() + wait_s
