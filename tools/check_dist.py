@@ -2,8 +2,9 @@
 
 ``nox -s build`` and the release workflow run this on ``dist/``. For each artifact it
 checks the core metadata PyPI and pip users read (SPDX license expression, the license
-file itself, the project URLs, no deprecated ``License ::`` classifier, a classifier for
-every CPython we claim, a long description without repository-relative links) and what
+file itself, no project URLs until nvrx has a public home, no deprecated
+``License ::`` classifier, a classifier for every CPython we claim, a long description
+without repository-relative links) and what
 the archive holds (every file of the package's ``src/``: modules, ``py.typed``, JSON
 schemas; no tests in wheels, no ``nvrx/__init__.py``, and
 nvrx-straggler's compiled hot path in its binary wheels, never its C source).
@@ -25,7 +26,6 @@ from dataclasses import dataclass
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 _CPYTHON = "Programming Language :: Python :: 3."
-URL_LABELS = ("Homepage", "Documentation", "Source", "Issues", "Changelog")
 DISTRIBUTIONS = ("nvrx-ft-core", "nvrx-ft-launcher", "nvrx-straggler", "nvrx-ptl")
 # Files of a package's src/ that its wheels do not carry as they are (built, or not shipped);
 # its sdist carries the C source too.
@@ -114,10 +114,12 @@ def metadata_problems(art: Artifact, license_text: bytes) -> list[str]:
         ]
     else:
         out.append("no classifier names a CPython version")
-    urls = dict(u.split(", ", 1) for u in meta.get_all("Project-URL") or [])
-    for label in URL_LABELS:
-        if not urls.get(label, "").startswith("https://"):
-            out.append(f"Project-URL {label} missing or not https: {urls.get(label)!r}")
+    # nvrx has no public home yet (README: "Status"); a Project-URL would send PyPI's
+    # readers to pages that do not exist. Add them back with the home.
+    out += [
+        f"Project-URL {u.split(', ', 1)[0]!r}: nvrx has no public home yet"
+        for u in meta.get_all("Project-URL") or []
+    ]
     if meta.get("Description-Content-Type") != "text/markdown":
         out.append("the long description is not text/markdown")
     body = meta.get_payload()

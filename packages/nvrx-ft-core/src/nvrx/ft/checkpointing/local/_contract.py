@@ -41,6 +41,7 @@ import secrets
 import shutil
 import stat
 from collections.abc import Mapping
+from typing import TypeVar
 
 from nvrx.ft._files import write_file_atomically
 from nvrx.ft._json_files import read_json_file
@@ -59,7 +60,7 @@ ENV_REPLICAS = "NVRX_LOCAL_CKPT_REPLICAS"
 ENV_MAX_SHARE = "NVRX_LOCAL_CKPT_MAX_SHARE"
 ENV_VARS = (ENV_DIR, ENV_JOB, ENV_EVERY_N_STEPS, ENV_EVERY_S, ENV_REPLICAS, ENV_MAX_SHARE)
 
-DEFAULT_BASE = "/dev/shm"
+DEFAULT_BASE = "/dev/shm"  # noqa: S108 (a private 0700 dir per user is made under it)
 DEFAULT_REPLICAS = 1
 DEFAULT_MAX_SHARE = 0.5
 MAX_REPLICAS = 8
@@ -134,11 +135,10 @@ class LocalCkptSettings:
         settings = cls(
             node_dir=pathlib.Path(where),
             job_id=job if job and len(job) <= _MAX_JOB_CHARS else "unknown",
-            every_n_steps=_env_number(env, ENV_EVERY_N_STEPS, int, None),
-            every_s=_env_number(env, ENV_EVERY_S, float, None),
-            replicas=_env_number(env, ENV_REPLICAS, int, DEFAULT_REPLICAS) or 0,
-            max_share=_env_number(env, ENV_MAX_SHARE, float, DEFAULT_MAX_SHARE)
-            or DEFAULT_MAX_SHARE,
+            every_n_steps=_env_int(env, ENV_EVERY_N_STEPS),
+            every_s=_env_float(env, ENV_EVERY_S),
+            replicas=_or(_env_int(env, ENV_REPLICAS), DEFAULT_REPLICAS),
+            max_share=_or(_env_float(env, ENV_MAX_SHARE), DEFAULT_MAX_SHARE),
         )
         try:
             settings.validate()
@@ -158,17 +158,33 @@ class LocalCkptSettings:
         return self.node_dir / f"local{int(local_rank)}"
 
 
-def _env_number(
-    env: Mapping[str, str], name: str, kind: type[int] | type[float], default: int | float | None
-) -> int | float | None:
+_T = TypeVar("_T", int, float)
+
+
+def _or(value: _T | None, default: _T) -> _T:
+    return default if value is None else value
+
+
+def _env_int(env: Mapping[str, str], name: str) -> int | None:
     raw = env.get(name)
-    if raw is None or raw == "":
-        return default
+    if not raw:
+        return None
     try:
-        return kind(raw)
+        return int(raw)
     except ValueError:
-        _logger.warning("%s=%r is not a number; using %s", name, raw, default)
-        return default
+        _logger.warning("%s=%r is not a whole number; using the default", name, raw)
+        return None
+
+
+def _env_float(env: Mapping[str, str], name: str) -> float | None:
+    raw = env.get(name)
+    if not raw:
+        return None
+    try:
+        return float(raw)
+    except ValueError:
+        _logger.warning("%s=%r is not a number; using the default", name, raw)
+        return None
 
 
 def job_dir_name(job_id: str) -> str:
