@@ -166,7 +166,7 @@ def pytest_args(session: nox.Session, *paths: str) -> list[str]:
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    """ruff lint and format check, the one-version rule, Markdown links, declared = imported deps."""
+    """ruff lint and format check, one version, Markdown links, declared = imported deps."""
     session.install("ruff>=0.6", "tomli>=2; python_version < '3.11'")
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")

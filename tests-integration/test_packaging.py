@@ -186,7 +186,9 @@ def test_sound_wheel_passes(tmp_path: pathlib.Path) -> None:
 def test_each_metadata_fault_is_named(tmp_path: pathlib.Path) -> None:
     bad = (
         GOOD_METADATA.replace("License-File: LICENSE\n", "")
-        .replace("Requires-Python", "Project-URL: Issues, https://example.org/issues\nRequires-Python")
+        .replace(
+            "Requires-Python", "Project-URL: Issues, https://example.org/issues\nRequires-Python"
+        )
         .replace("Classifier: Programming Language :: Python :: 3.11\n", "")
         .replace(
             "Classifier: Programming",
