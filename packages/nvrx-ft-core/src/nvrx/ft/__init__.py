@@ -64,6 +64,11 @@ if TYPE_CHECKING:
         WorkloadControlRequest,
         monitor_socket_from_env,
     )
+    from nvrx.ft.rank_monitor_state_machine import (
+        InvalidStateTransitionException,
+        RankMonitorState,
+        RankMonitorStateMachine,
+    )
     from nvrx.ft.server import RANK_MONITOR_INIT_TIMEOUT, MonitorProcess, RankMonitorServer
     from nvrx.ft.timeouts_calc import TimeoutsCalc, TimeoutsCalcError
 
@@ -121,6 +126,9 @@ _WHERE = {
     "write_straggler_scores": "_straggler_scores",
     "TimeoutsCalc": "timeouts_calc",
     "TimeoutsCalcError": "timeouts_calc",
+    "InvalidStateTransitionException": "rank_monitor_state_machine",
+    "RankMonitorState": "rank_monitor_state_machine",
+    "RankMonitorStateMachine": "rank_monitor_state_machine",
 }
 
 #: Public names that differ from the name in their module.
@@ -144,12 +152,15 @@ __all__ = [
     "FtStateError",
     "HealthError",
     "HeartbeatTimeouts",
+    "InvalidStateTransitionException",
     "LoadedTimeouts",
     "MonitorEvent",
     "MonitorProcess",
     "RankMonitorClient",
     "RankMonitorClientError",
     "RankMonitorServer",
+    "RankMonitorState",
+    "RankMonitorStateMachine",
     "RankStragglerScores",
     "SectionAction",
     "SectionTimeouts",
