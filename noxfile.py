@@ -173,6 +173,7 @@ def lint(session: nox.Session) -> None:
     session.run("python", "tools/version.py", "--check")
     session.run("python", "tools/check_ci_command.py")
     session.run("python", "tools/check_links.py")
+    session.run("python", "tools/check_commit_subjects.py")
     session.run("python", "tools/check_deps.py")
 
 

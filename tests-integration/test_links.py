@@ -1,4 +1,4 @@
-"""tools/check_links.py: every relative link and anchor resolves; the planned home is marked."""
+"""tools/check_links.py and check_commit_subjects.py: links resolve, subjects are short."""
 
 from __future__ import annotations
 
@@ -67,3 +67,21 @@ def test_each_kind_of_broken_link_is_named(tmp_path: pathlib.Path) -> None:
 )
 def test_slugs_are_mysts(heading: str, anchor: str) -> None:
     assert check_links.slug(heading) == anchor
+
+
+def _load_tool(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / f"{name}.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_commit_subjects_over_72_characters_are_named() -> None:
+    tool = _load_tool("check_commit_subjects")
+    assert tool.long_subjects(["short", "x" * 72, "y" * 73]) == ["y" * 73]
+    subjects = tool.subjects_since()
+    if subjects is not None:  # a git checkout: the rule holds on this branch
+        assert tool.long_subjects(subjects) == []

@@ -1,0 +1,52 @@
+"""Fail when a commit subject since the rule began is longer than 72 characters.
+
+CONTRIBUTING.md ("Commits"): the subject says what changed, the body says why. The
+commits before the rule (up to ``SINCE``) are history and are not checked. Outside a
+git checkout (an sdist) there is nothing to check.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+#: The last commit before the rule; every commit after it is checked.
+SINCE = "2a2b943002d2b335cf8f658234f75d3bed122bdd"
+MAX_SUBJECT = 72
+
+
+def long_subjects(subjects: list[str], limit: int = MAX_SUBJECT) -> list[str]:
+    """The subjects over ``limit`` characters."""
+    return [s for s in subjects if len(s) > limit]
+
+
+def subjects_since(since: str = SINCE) -> list[str] | None:
+    """Subjects of the commits after ``since``; None outside a checkout that has it."""
+    try:
+        out = subprocess.run(
+            ["git", "log", "--format=%s", f"{since}..HEAD"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return out.splitlines()
+
+
+def main() -> int:
+    subjects = subjects_since()
+    if subjects is None:
+        print("no git history here: commit subjects not checked")
+        return 0
+    bad = long_subjects(subjects)
+    for subject in bad:
+        print(f"commit subject of {len(subject)} characters (at most {MAX_SUBJECT}): {subject}")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
