@@ -322,3 +322,47 @@ def test_sigkilled_fit_resumes_from_local_snapshot(
     assert start["ckpt_path"] == f"{LOCAL_PATH_PREFIX}{start['global_step']}" or with_path
     (got,) = records(out, "RESULT")
     assert got == want  # weights, Adam moments, lr: bit for bit
+
+
+def run_ranks(procs: Procs, cfg: dict[str, Any], launcher: list[str], env: dict[str, str],
+              timeout: float = 200.0) -> tuple[int, str]:
+    args = [*launcher, "--standalone", "--nproc-per-node=2", "--max-restarts=1",
+            "--monitor-interval=0.2", str(SCRIPT), json.dumps(cfg)]
+    proc = procs.python(args, env={"OMP_NUM_THREADS": "1", **env})
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        raise AssertionError(f"the job did not finish in {timeout} s:\n{out}") from None
+    return proc.returncode, out
+
+
+def test_ddp_job_restarted_by_torchrun_resumes_from_the_launcher_env(
+    tmp_path: pathlib.Path, procs: Procs, unfaulted: dict[str, Any]
+) -> None:
+    """The environment ft_launcher gives, set by hand: the script has no path logic.
+
+    Two DDP ranks (gloo) see identical data, so their weights equal the single-process
+    run's; rank 1 is SIGKILLed after step 7's snapshot and torch's launcher restarts both.
+    """
+    env = {
+        "NVRX_LOCAL_CKPT_DIR": str(tmp_path / "node"),
+        "NVRX_LOCAL_CKPT_JOB": "test-job",
+        "NVRX_LOCAL_CKPT_EVERY_N_STEPS": "1",
+    }
+    cfg = {"max_steps": 12, "kill_at": 7, "kill_rank": 1}
+    rc, out = run_ranks(procs, cfg, ["-m", "torch.distributed.run"], env)
+    assert rc == 0, out
+    starts = {r["rank"]: r for r in records(out, "START")}
+    results = {r["rank"]: r for r in records(out, "RESULT")}
+    assert sorted(results) == [0, 1], out
+    resumed = [r for r in records(out, "START") if r["global_step"] > 0]
+    assert {r["rank"] for r in resumed} == {0, 1}, out
+    assert all(r["global_step"] in (6, 7) for r in resumed), out
+    assert starts[0]["ckpt_path"].startswith(LOCAL_PATH_PREFIX)
+    for rank in (0, 1):
+        got = results[rank]
+        assert got["global_step"] == unfaulted["global_step"]
+        assert got["params"] == unfaulted["params"], f"rank {rank}"
+        assert got["opt_state"] == unfaulted["opt_state"], f"rank {rank}"
