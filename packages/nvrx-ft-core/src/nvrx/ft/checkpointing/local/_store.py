@@ -128,7 +128,7 @@ class Store:
         total = 0
         with contextlib.suppress(OSError):
             for sub in os.scandir(self.node_dir):
-                if not sub.name.startswith("local") or not sub.is_dir(follow_symlinks=False):
+                if not sub.is_dir(follow_symlinks=False):
                     continue
                 with contextlib.suppress(OSError):
                     for entry in os.scandir(sub.path):
