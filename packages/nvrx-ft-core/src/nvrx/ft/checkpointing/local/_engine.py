@@ -248,6 +248,9 @@ class Engine:
                 )
             event = torch.cuda.Event()  # type: ignore[no-untyped-call]
             event.record(stream)
+        # The snapshot must not see the next step's in-place updates: the training
+        # stream waits (on the GPU, the CPU goes on) until the copy is done.
+        torch.cuda.current_stream().wait_event(event)
         return event
 
     def _manifest(
