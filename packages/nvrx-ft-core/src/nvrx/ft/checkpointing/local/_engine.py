@@ -7,6 +7,7 @@ global checkpoint on every rank together (one ``all_reduce(MIN)`` confirms).
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import datetime
 import logging
@@ -436,19 +437,26 @@ class Engine:
             self._warn("record", "could not write the restore record: %s", exc)
 
     def _verified_holdings(self) -> list[_Valid]:
-        out: list[_Valid] = []
-        held: list[Held] = self.store.held()
-        for h in held:
-            if not 0 <= h.owner < self.world_size:
-                continue
+        """Every held snapshot that checks out completely; checked in parallel threads
+        (zlib's CRC32 releases the GIL), a bad one is one warning."""
+        held: list[Held] = [h for h in self.store.held() if 0 <= h.owner < self.world_size]
+
+        def check(h: Held) -> _Valid | None:
             try:
                 view = self.store.read_view(h)
                 _pre, man = _format.parse(view, job=self.job, world_size=self.world_size)
             except (OSError, ValueError) as exc:
                 _logger.warning("skipping local checkpoint %s: %s", h.path, exc)
-                continue
-            out.append(_Valid(h.owner, h.iteration, h.total_len, view, man))
-        return out
+                return None
+            return _Valid(h.owner, h.iteration, h.total_len, view, man)
+
+        if len(held) <= 1:
+            found = [check(h) for h in held]
+        else:
+            workers = max(1, min(len(held), os.cpu_count() or 1, 8))
+            with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+                found = list(pool.map(check, held))
+        return [v for v in found if v is not None]
 
     def _gather(self, block: torch.Tensor) -> torch.Tensor:
         if self.group is None:
