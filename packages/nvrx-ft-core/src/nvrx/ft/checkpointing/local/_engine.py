@@ -107,6 +107,12 @@ class Engine:
             dist.all_gather(keys, torch.tensor([_node_key()], dtype=torch.int64), group=self.group)
             self.node_of_rank = [int(k.item()) for k in keys]
         else:
+            if not distributed and (os.environ.get("WORLD_SIZE") or "1").strip() not in ("", "1"):
+                self._warn(
+                    "no-dist",
+                    "local checkpoints were set up before torch.distributed.init_process_group:"
+                    " each rank saves and restores alone, with no agreement and no replicas",
+                )
             self.node_of_rank = [0]
             self.rank = 0
         wanted = settings.replicas
