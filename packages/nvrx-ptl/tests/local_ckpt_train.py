@@ -73,7 +73,7 @@ class Report(Callback):
         if (
             ATTEMPT == 0
             and trainer.global_step == CFG.get("kill_at")
-            and RANK == CFG.get("kill_rank", RANK)
+            and CFG.get("kill_rank", RANK) == RANK
         ):
             os.kill(os.getpid(), signal.SIGKILL)
 

@@ -138,7 +138,7 @@ class HierarchicalCheckpointIO(_WrappingCheckpointIO):
             raise RuntimeError("HierarchicalCheckpointIO has no wrapped CheckpointIO yet")
         return io
 
-    def save_checkpoint(  # type: ignore[override]
+    def save_checkpoint(
         self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None
     ) -> Any:
         """Save a local snapshot (local options given) or a global checkpoint."""
@@ -215,7 +215,7 @@ class HierarchicalCheckpointIO(_WrappingCheckpointIO):
             checkpoint = _map_tensors(checkpoint, torch.device(map_location))
         return checkpoint  # type: ignore[no-any-return]
 
-    def remove_checkpoint(self, path: Any) -> None:  # type: ignore[override]
+    def remove_checkpoint(self, path: Any) -> None:
         """Remove a global checkpoint (the manager removes old local snapshots itself)."""
         self._wrapped().remove_checkpoint(path)
 
@@ -500,7 +500,7 @@ class LocalCheckpointCallback(ModelCheckpoint):
     ) -> None:
         """Take a snapshot when the step count or the time interval says so."""
         if (
-            trainer.fast_dev_run
+            getattr(trainer, "fast_dev_run", False)
             or trainer.state.fn != "fit"
             or trainer.sanity_checking
             or self._last_global_step_saved == trainer.global_step
@@ -535,7 +535,7 @@ class LocalCheckpointCallback(ModelCheckpoint):
                 # Lightning's own strategies write on rank 0 only; every rank has a snapshot
                 checkpoint = trainer._checkpoint_connector.dump_checkpoint(False)
                 io = strategy.checkpoint_io
-                self._pending = io.save_checkpoint(checkpoint, None, storage_options=options)  # type: ignore[func-returns-value]
+                self._pending = io.save_checkpoint(checkpoint, None, storage_options=options)  # type: ignore[arg-type]
             else:
                 trainer.save_checkpoint(None, storage_options=options)  # type: ignore[arg-type]
         except Exception as exc:  # the previous snapshot stays valid: keep training
