@@ -231,23 +231,64 @@ def test_no_pickle_on_the_local_path(
     assert start.start == 6
 
 
+def newest_snapshot(root: pathlib.Path) -> tuple[pathlib.Path, dict[str, Any]]:
+    """The snapshot file of the highest iteration under root, with its JSON manifest."""
+    found: list[tuple[int, pathlib.Path, dict[str, Any]]] = []
+    for path in root.rglob("*.snap"):
+        raw = path.read_bytes()
+        try:
+            text = raw[raw.index(b'{"') :].decode("utf-8", "replace")
+            man, _ = json.JSONDecoder().raw_decode(text)
+            found.append((man["iteration"], path, man))
+        except (ValueError, KeyError):  # spoiled by a test
+            continue
+    assert found, f"no snapshot under {root}"
+    _, path, man = max(found, key=lambda f: f[0])
+    return path, man
+
+
+class SpoiledAfterAgreement(HierarchicalCheckpointIO):
+    """Breaks the agreed snapshot's manifest between find_latest and load."""
+
+    def latest_local_iteration(self) -> int:
+        iteration = super().latest_local_iteration()
+        if iteration >= 0:
+            path, _ = newest_snapshot(self.local_ckpt_manager.root)  # type: ignore[attr-defined]
+            data = bytearray(path.read_bytes())
+            at = data.index(b'{"')
+            data[at : at + 16] = b"\xff" * 16
+            path.write_bytes(bytes(data))
+        return iteration
+
+
+def test_a_snapshot_that_fails_to_load_is_not_used(tmp_path: pathlib.Path) -> None:
+    io = HierarchicalCheckpointIO(None, manager(tmp_path), None)
+    fit(tmp_path, [LocalCheckpointCallback(every_n_train_steps=3)], io, max_steps=6)
+    start = StartStep()
+    trainer, _ = fit(
+        tmp_path,
+        [LocalCheckpointCallback(every_n_train_steps=3), start],
+        SpoiledAfterAgreement(None, manager(tmp_path), None),
+        max_steps=7,
+    )
+    assert start.start == 0  # a fresh start, not a failed fit
+    assert trainer.ckpt_path is None
+    # with a global checkpoint given, the global one is loaded instead
+    global_path = str(tmp_path / "step=2.ckpt")
+    TorchCheckpointIO().save_checkpoint({"src": "global", "global_step": 2}, global_path)
+    spoiled = SpoiledAfterAgreement(TorchCheckpointIO(), manager(tmp_path), None)
+    assert spoiled.load_checkpoint(global_path)["src"] == "global"
+
+
 def test_a_bad_snapshot_is_skipped(
     tmp_path: pathlib.Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     io = HierarchicalCheckpointIO(None, manager(tmp_path), None)
     fit(tmp_path, [LocalCheckpointCallback(every_n_train_steps=2)], io, max_steps=6)
-    # flip the tensor bytes of the newest snapshot (its JSON manifest says where they
-    # are); the manifest and the preamble stay intact, so only checksums can tell
-    newest: tuple[int, pathlib.Path, dict[str, Any], int] | None = None
-    for path in (tmp_path / "local").rglob("*.snap"):
-        raw = path.read_bytes()
-        at = raw.index(b'{"')
-        man, _ = json.JSONDecoder().raw_decode(raw[at:].decode("utf-8", "replace"))
-        if newest is None or man["iteration"] > newest[0]:
-            newest = (man["iteration"], path, man, at)
-    assert newest is not None
-    assert newest[0] == 6
-    _, path, man, _ = newest
+    # flip the tensor bytes of the newest snapshot; the manifest and the preamble stay
+    # intact, so only checksums can tell
+    path, man = newest_snapshot(tmp_path / "local")
+    assert man["iteration"] == 6
     data = bytearray(path.read_bytes())
     for _dtype, _shape, offset, nbytes, *_ in man["tensors"]:
         data[offset : offset + nbytes] = bytes(b ^ 0x5A for b in data[offset : offset + nbytes])

@@ -45,6 +45,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
+from nvrx.ft.checkpointing.local.ckpt_managers.base_manager import (
+    CheckpointingException as _CheckpointingException,
+)
+
 from ._compat import LightningModule, Trainer, lightning_module
 from ._local_ckpt_codec import LOCAL_CKPT_OPTS_KEY, decode, encode
 
@@ -131,6 +135,7 @@ class HierarchicalCheckpointIO(_WrappingCheckpointIO):
         self.get_global_ckpt_iteration_fn = get_global_ckpt_iteration_fn
         self.async_save = async_save
         self._global_loaded: tuple[Any, dict[str, Any]] | None = None
+        self._local_loaded: Any = None
 
     def _wrapped(self) -> CheckpointIO:
         io = self.checkpoint_io
@@ -181,7 +186,12 @@ class HierarchicalCheckpointIO(_WrappingCheckpointIO):
                 path,
             )
             self._global_loaded = None
-            return self._load_local(map_location, **kwargs)
+            try:
+                tasd = self.local_ckpt_manager.load()[0]
+            except _CheckpointingException as exc:  # the same on every rank
+                _logger.warning("loading the local checkpoint failed (%s): loading %s", exc, path)
+                return self._load_global(path, map_location, **kwargs)
+            return self._from_local(tasd, map_location, **kwargs)
         _logger.warning(
             "a local checkpoint of iteration %d is available, but the global checkpoint %s "
             "of iteration %d is newer: resuming from the global checkpoint",
@@ -208,8 +218,26 @@ class HierarchicalCheckpointIO(_WrappingCheckpointIO):
         return int(checkpoint.get("global_step", -1))
 
     def _load_local(self, map_location: Any, **kwargs: Any) -> dict[str, Any]:
-        tasd, ckpt_id = self.local_ckpt_manager.load()
-        _logger.debug("loaded local checkpoint %s", ckpt_id)
+        tasd, self._local_loaded = self._local_loaded, None
+        if tasd is None:
+            tasd = self.local_ckpt_manager.load()[0]
+        return self._from_local(tasd, map_location, **kwargs)
+
+    def _preload_local(self) -> bool:
+        """Load the agreed local snapshot now (a collective); False when that failed.
+
+        Used before Lightning is told to restore from it, so a snapshot that cannot be
+        loaded (on any rank: the manager then raises on every rank) means a start
+        without it instead of a failed fit.
+        """
+        try:
+            self._local_loaded = self.local_ckpt_manager.load()[0]
+        except _CheckpointingException as exc:
+            _logger.warning("loading the local checkpoint failed (%s): not resuming from it", exc)
+            return False
+        return True
+
+    def _from_local(self, tasd: Any, map_location: Any, **kwargs: Any) -> dict[str, Any]:
         checkpoint = self.from_tensor_aware_state_dict(tasd, **kwargs)
         if isinstance(map_location, (str, torch.device)):
             checkpoint = _map_tensors(checkpoint, torch.device(map_location))
@@ -458,8 +486,12 @@ class LocalCheckpointCallback(ModelCheckpoint):
         io = find_hierarchical_io(trainer.strategy.checkpoint_io)
         if io is None:
             return None
-        iteration = io.latest_local_iteration()
-        if iteration < 0:
+        try:
+            iteration = io.latest_local_iteration()
+        except Exception as exc:  # not usable: start without it (every rank alike)
+            _warn_once("find-latest", "cannot look for local snapshots: %r", exc)
+            return None
+        if iteration < 0 or not io._preload_local():
             return None
         _logger.info("Resuming from a local checkpoint of iteration %d (no ckpt_path)", iteration)
         return f"{LOCAL_PATH_PREFIX}{iteration}"
