@@ -70,8 +70,10 @@ PARALLEL_TESTS = ["-n", "2"]
 XDIST = "pytest-xdist>=3.5"
 PARALLEL_PACKAGES = {"nvrx-ft-launcher"}
 # What every session that runs the whole stack needs beside the four packages.
+#: The lowest Lightning nvrx-ptl declares; nox -s ptl_lowest tests it in CI.
+LIGHTNING_LOWEST = "lightning==2.4.*"
 STACK_EXTRAS = [
-    "lightning>=2.1",
+    "lightning>=2.4",
     "omegaconf>=2.3",
     "psutil>=5.9",  # the integration harness and benchmarks find stray processes with it
     "pytest>=8",
@@ -81,6 +83,7 @@ CI_SESSIONS = [
     "lint",
     "typecheck",
     *(f"tests(package='{name}')" for name in PACKAGES),
+    "ptl_lowest",
     "integration",
     "build",
     "docs",
@@ -251,6 +254,15 @@ def tests(session: nox.Session, package: str) -> None:
     # Once with the C hot path (it must have been built), once with the Python one.
     session.run(*args, env={"NVRX_REQUIRE_HOTPATH": "1"})
     session.run(*args, env={"NVRX_STRAGGLER_PURE_PYTHON": "1"})
+
+
+@nox.session
+def ptl_lowest(session: nox.Session) -> None:
+    """nvrx-ptl's tests on the lowest Lightning it declares (the newest runs in tests)."""
+    lowest = [LIGHTNING_LOWEST, LIGHTNING_LOWEST.replace("lightning", "pytorch-lightning", 1)]
+    install_packages(session, [*PACKAGES["nvrx-ptl"], "nvrx-ptl"], *test_group("nvrx-ptl"), *lowest)
+    tests_dir = str(ROOT / "packages" / "nvrx-ptl" / "tests")
+    session.run(*pytest_args(session, tests_dir), "-m", "not gpu", *session.posargs)
 
 
 @nox.session
@@ -473,7 +485,7 @@ def gpu_tests(session: nox.Session) -> None:
 @nox.session
 def demo(session: nox.Session) -> None:
     """The main job: a Lightning run under ft_launcher with injected faults."""
-    install_packages(session, list(PACKAGES), "lightning>=2.1")
+    install_packages(session, list(PACKAGES), "lightning>=2.4")
     session.run("python", "examples/demo/run_demo.py", *session.posargs)
 
 

@@ -79,7 +79,7 @@ __all__ = ["PrefixStore", "Store"]
 logger = logging.getLogger("nvrx.launcher")
 
 #: The (major, minor) releases of torch the launcher is tested on, inclusive.
-TESTED_TORCH = ((2, 12), (2, 13))
+TESTED_TORCH = ((2, 13), (2, 13))
 #: The literal torch passes to ``_delay`` for its one-second sync poll.
 TORCH_SYNC_DELAY_S = 1
 _FACTORY = "get_subprocess_handler"
