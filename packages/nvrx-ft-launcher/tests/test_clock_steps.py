@@ -17,6 +17,7 @@ import sys
 import time
 import types
 from collections.abc import Callable, Iterator
+from typing import Any, cast
 
 import pytest
 from launcher_testkit import Launcher  # type: ignore[import-not-found]
@@ -83,12 +84,12 @@ def test_hang_evidence_wait_ends_on_time_when_the_wall_clock_steps_back(
     culprit.wait(timeout=30)  # the reported rank exited on its monitor's signal
     pc = object.__new__(SubprocessContext)
     pc.subprocess_handlers = {
-        0: types.SimpleNamespace(proc=culprit),
-        1: types.SimpleNamespace(proc=silent_rank),
+        0: cast(Any, types.SimpleNamespace(proc=culprit)),
+        1: cast(Any, types.SimpleNamespace(proc=silent_rank)),
     }
     agent._pcontext = pc
     agent._wait = clock.wait  # type: ignore[method-assign]
-    agent._monitors = types.SimpleNamespace(drain_events=lambda: [])
+    agent._monitors = cast(Any, types.SimpleNamespace(drain_events=lambda: []))
     agent._handle_events = lambda events, noticed: None  # type: ignore[method-assign]
 
     assert agent._await_hang_evidence() is True
