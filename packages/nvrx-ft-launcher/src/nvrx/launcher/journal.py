@@ -56,7 +56,7 @@ class JsonLines:
     def write(self, record: dict[str, Any]) -> None:
         """Append ``record`` (plus ``schema_version``, ``t`` and ``node``); errors logged once."""
         record.setdefault("schema_version", SCHEMA_VERSION)
-        record.setdefault("t", time.time())
+        record.setdefault("t", time.time())  # wall clock: label
         if self.node is not None:
             record.setdefault("node", self.node)
         if self.on_record is not None:
