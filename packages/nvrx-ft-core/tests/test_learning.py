@@ -63,7 +63,8 @@ def test_learning_waits_for_warmup_steps_and_the_expected_events() -> None:
     assert settings.steps_needed == 13
     assert pending_reason(12, {CHECKPOINT, VALIDATION}, settings) == "12 of 13 steps seen"
     reason = pending_reason(13, {CHECKPOINT}, settings)
-    assert reason is not None and "validation" in reason
+    assert reason is not None
+    assert "validation" in reason
     assert pending_reason(13, {CHECKPOINT, VALIDATION, "epoch"}, settings) is None
     plain = LearnSettings(safety_factor=5.0, floor=2.0, warmup_steps=0, min_steps=4)
     assert pending_reason(4, set(), plain) is None
@@ -98,6 +99,7 @@ def test_a_learned_timeout_detects_a_hang_on_the_first_run(
     )
     ev = events.wait("rank_terminated")
     assert (ev.pid, ev.cause) == (rank.pid, "heartbeat_timeout")
+    assert ev.limit_s is not None
     assert 5 * 0.6 <= ev.limit_s < 60.0
     rank.wait_exit()
     lines = [ln for ln in rank.output().splitlines() if ln.startswith("learned ")]
