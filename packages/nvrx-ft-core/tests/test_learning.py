@@ -43,11 +43,13 @@ def test_a_learned_timeout_is_sf_times_the_longest_floored_and_capped() -> None:
 
 def test_learned_timeouts_only_loosen_as_longer_intervals_are_seen() -> None:
     longest = [0.2, 0.2, 1.0, 0.5, 2.0, 1.5]
-    values = []
+    values: list[float] = []
     seen = 0.0
     for interval in longest:
         seen = max(seen, interval)
-        values.append(learned_timeout(seen, 300.0, 5.0, 2.0))
+        value = learned_timeout(seen, 300.0, 5.0, 2.0)
+        assert value is not None
+        values.append(value)
     assert values == sorted(values)
     assert values[-1] == 10.0
 
