@@ -1500,14 +1500,14 @@ BEHAVIOURS: tuple[Behaviour, ...] = (
     Behaviour(
         "logger of the Lightning callbacks' records (logger_name default)",
         "nemo_logger.<callback class name>",
-        "nvrx.ptl.<callback class name>; pass logger_name='nemo_logger.<callback class "
-        "name>' to keep NeMo's logger names",
-        "outside NeMo the records belong under nvrx's logger tree; the keyword is NVRx's",
+        "same: nemo_logger.FaultToleranceCallback (both FT callbacks) and "
+        "nemo_logger.StragglerDetectionCallback; logger_name overrides",
+        "NeMo's handlers and tests read these loggers",
         _logger_names,
         (
-            "nvrx.ptl.FaultToleranceCallback",
-            "nvrx.ptl.FaultToleranceSectionsCallback",
-            "nvrx.ptl.StragglerDetectionCallback",
+            "nemo_logger.FaultToleranceCallback",
+            "nemo_logger.FaultToleranceCallback",
+            "nemo_logger.StragglerDetectionCallback",
         ),
     ),
     Behaviour(

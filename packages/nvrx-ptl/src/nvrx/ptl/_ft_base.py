@@ -99,7 +99,7 @@ class FtCallbackBase(Callback):
             simulated_fault_params
         )
         self.exp_dir = Path(exp_dir) if exp_dir is not None else None
-        self.logger = logging.getLogger(logger_name or f"nvrx.ptl.{type(self).__name__}")
+        self.logger = logging.getLogger(logger_name or "nemo_logger.FaultToleranceCallback")
         self.fault_tol_client: RankMonitorClient | None = None
         self.state_file_path: Path | None = None
         self.simulated_fault: SimulatedFault | None = None

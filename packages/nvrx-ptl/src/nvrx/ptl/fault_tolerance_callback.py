@@ -37,9 +37,9 @@ class FaultToleranceCallback(FtCallbackBase):
         exp_dir: directory of the FT state, shared by all the jobs of a training.
             Defaults to ``trainer.log_dir/ft_state`` (beware: Lightning may move or
             version its log dir, so prefer an explicit one).
-        logger_name: name of the logger of this callback's messages, under the
-            ``nvrx`` logger tree by default; pass NVRx's default
-            ``"nemo_logger.FaultToleranceCallback"`` to keep NeMo's logger names.
+        logger_name: name of the logger of this callback's messages; NVRx's default,
+            ``"nemo_logger.FaultToleranceCallback"``, where NeMo's handlers listen (and
+            its tests look). Pass another name to log elsewhere; None: the default.
 
     The calculated timeouts are kept in ``<exp_dir>/_ft_state.json``
     (:attr:`TIMEOUTS_FILENAME`), NVRx's name for this callback's state, so timeouts
@@ -55,7 +55,7 @@ class FaultToleranceCallback(FtCallbackBase):
         calculate_timeouts: bool,
         simulated_fault_params: SimulatedFaultParams | dict[str, Any] | Any | None = None,
         exp_dir: str | os.PathLike[str] | None = None,
-        logger_name: str | None = "nvrx.ptl.FaultToleranceCallback",
+        logger_name: str | None = "nemo_logger.FaultToleranceCallback",
     ) -> None:
         super().__init__(
             autoresume=autoresume,

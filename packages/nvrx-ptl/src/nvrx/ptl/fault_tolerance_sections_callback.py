@@ -56,9 +56,9 @@ class FaultToleranceSectionsCallback(FtCallbackBase):
     They are kept in ``<exp_dir>/_ft_state_.json`` (:attr:`TIMEOUTS_FILENAME`), NVRx's
     name for this callback's state, so timeouts calculated under NVRx carry over.
 
-    The default logger is ``nvrx.ptl.FaultToleranceSectionsCallback``; NVRx's default
-    was ``"nemo_logger.FaultToleranceCallback"`` (pass it as ``logger_name`` to keep
-    it). Hooks accept the call shapes NVRx's accept.
+    The default logger is NVRx's, ``"nemo_logger.FaultToleranceCallback"`` (the same as
+    :class:`FaultToleranceCallback`'s); pass ``logger_name`` to log elsewhere. Hooks
+    accept the call shapes NVRx's accept.
     """
 
     TIMEOUTS_FILENAME = SECTIONS_STATE_FILENAME
@@ -70,7 +70,7 @@ class FaultToleranceSectionsCallback(FtCallbackBase):
         calculate_timeouts: bool,
         simulated_fault_params: SimulatedFaultParams | dict[str, Any] | Any | None = None,
         exp_dir: str | os.PathLike[str] | None = None,
-        logger_name: str | None = "nvrx.ptl.FaultToleranceSectionsCallback",
+        logger_name: str | None = "nemo_logger.FaultToleranceCallback",
         exc_handling_policy: Callable[[BaseException], WorkloadControlRequest] | None = None,
     ) -> None:
         super().__init__(
