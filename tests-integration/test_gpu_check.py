@@ -3,6 +3,7 @@ and its schema, step isolation and budgets, and the whole run on a machine witho
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import json
 import os
@@ -487,3 +488,44 @@ def test_list_names_every_step_with_its_budget() -> None:
     assert [line.split()[0] for line in lines] == gpu_check.STEP_NAMES
     total = sum(s.budget_s for s in gpu_check.STEPS)
     assert total >= gpu_check.DEFAULT_TOTAL_BUDGET_S  # the total, not the sum, bounds a run
+
+
+# -- every GPU path has a gpu test --------------------------------------------------------
+
+
+def test_every_gpu_path_has_a_test_marked_gpu() -> None:
+    noxfile = _load_noxfile()
+    local_ckpt = importlib.import_module("nvrx.ft.checkpointing.local")
+    for path, files in noxfile.GPU_TESTS.items():
+        for name in files:
+            test_file = ROOT / name
+            if not test_file.exists() and not hasattr(local_ckpt, "LocalCheckpoints"):
+                assert path == "local-checkpoint device-to-host copy", name
+                continue  # that feature and its gpu test arrive together
+            text = test_file.read_text()
+            assert "pytest.mark.gpu" in text, f"{name} ({path}) has no test marked gpu"
+            assert "def test_" in text, name
+    # Every file with a gpu test is listed under the path it exercises.
+    listed = {name for files in noxfile.GPU_TESTS.values() for name in files}
+    roots = [ROOT / "tests-integration", *(ROOT / "packages").glob("*/tests")]
+    marked = {
+        str(p.relative_to(ROOT))
+        for root in roots
+        for p in root.glob("test_*.py")
+        if "pytest.mark.gpu" in p.read_text() and p.name != "test_gpu_check.py"
+    }
+    assert marked <= listed, f"gpu tests not in noxfile.GPU_TESTS: {sorted(marked - listed)}"
+
+
+def _load_noxfile() -> Any:
+    pytest.importorskip("nox")
+    return _load_path("noxfile_for_gpu_check", ROOT / "noxfile.py")
+
+
+def _load_path(name: str, path: pathlib.Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
