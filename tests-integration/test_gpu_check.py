@@ -46,9 +46,10 @@ DEVICE_HAS: dict[str, str | None] = {
     "pytest": "9.0.1",
     "pytest-timeout": "2.4.0",
     "psutil": "7.1.3",
-    "omegaconf": None,
     "jsonschema": None,
     "hatchling": None,
+    "editables": None,
+    "setuptools": "80.9.0",
 }
 
 
@@ -130,13 +131,10 @@ def _requirement(command: Any) -> str:
 
 def test_offline_plan_for_the_lent_machine_keeps_its_torch(tmp_path: pathlib.Path) -> None:
     commands, notes = _plan(DEVICE_HAS, "13.0", wheels=tmp_path)
+    editables = [f"{n} (editable, no dependencies)" for n in gpu_check.PACKAGES]
     assert [c.what for c in commands] == [
-        "cupti-python",
-        "omegaconf",
-        "jsonschema",
-        "hatchling",
-        "nvrx packages (editable, no dependencies)",
-    ]
+        "cupti-python", "jsonschema", "hatchling", "editables", *editables,
+    ]  # fmt: skip
     assert _requirement(commands[0]) == "cupti-python~=13.0.0"  # its nvidia-cuda-cupti pin
     for command in commands:  # nothing reaches an index, nothing is required but torch
         assert command.argv[:3] == ("py", "-m", "pip")
@@ -144,14 +142,12 @@ def test_offline_plan_for_the_lent_machine_keeps_its_torch(tmp_path: pathlib.Pat
             command.argv[command.argv.index("--no-index") :][:3]
         ), command
         assert not command.required
-    for command in commands[:-1]:  # torch stays as it is
+    for command in commands[:4]:  # torch stays as it is
         assert command.argv[command.argv.index("-c") + 1] == "{constraints}"
-    editable = commands[-1].argv
-    assert "--no-deps" in editable
-    assert "--no-build-isolation" in editable
-    assert [editable[i + 1] for i, a in enumerate(editable) if a == "-e"] == [
-        f"/r/packages/{n}" for n in gpu_check.PACKAGES
-    ]
+    for name, command in zip(gpu_check.PACKAGES, commands[4:], strict=True):
+        assert "--no-deps" in command.argv
+        assert "--no-build-isolation" in command.argv
+        assert command.argv[-2:] == ("-e", f"/r/packages/{name}")
     (note,) = notes
     assert "2.11.0+cu130" in note
     assert "torch==2.13.0" in note
@@ -198,7 +194,9 @@ def test_a_matching_cuda_torch_and_tools_need_no_install() -> None:
     have: dict[str, str | None] = dict.fromkeys(DEVICE_HAS, "99.0")
     have.update({"torch": "2.13.0+cu130", "cupti-python": "13.0.1"})
     commands, notes = _plan(have, "13.0")
-    assert [c.what for c in commands] == ["nvrx packages (editable, no dependencies)"]
+    assert [c.what for c in commands] == [
+        f"{n} (editable, no dependencies)" for n in gpu_check.PACKAGES
+    ]
     assert notes == ["keeping the installed torch 2.13.0+cu130 (CUDA 13.0)"]
     have["cupti-python"] = "13.4.0"  # built for another CUDA: the matching one is installed
     assert _requirement(_plan(have, "13.0")[0][0]) == "cupti-python~=13.0.0"
@@ -250,7 +248,7 @@ def test_plan_option_prints_the_plan_and_installs_nothing(tmp_path: pathlib.Path
         capture_output=True, text=True, timeout=90, check=True,
     )  # fmt: skip
     plan = json.loads(out.stdout)
-    assert plan["commands"][-1]["what"] == "nvrx packages (editable, no dependencies)"
+    assert plan["commands"][-1]["what"] == "nvrx-ptl (editable, no dependencies)"
     assert all("--no-index" in c["argv"] for c in plan["commands"])
     assert not (tmp_path / "out").exists()
 

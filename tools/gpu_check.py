@@ -60,15 +60,20 @@ EXTRAS: list[tuple[str, str]] = [
     ("pytest", "pytest>=8"),
     ("pytest-timeout", "pytest-timeout>=2.3"),
     ("psutil", "psutil>=5.9"),
-    ("omegaconf", "omegaconf>=2.3"),
     ("jsonschema", "jsonschema>=4.18"),  # the result is validated when present
-    ("hatchling", "hatchling>=1.27"),  # builds the packages' editable installs
+    # What builds the packages' editable installs without build isolation (offline).
+    ("hatchling", "hatchling>=1.27"),
+    ("editables", "editables>=0.3"),
+    ("setuptools", "setuptools>=77"),
 ]
 #: Wheels ``--download-wheels`` fetches for a machine that has torch, nvidia-ml-py and
 #: lightning but cannot reach an index (the GPU machine lent here): cupti-python and
 #: what builds and validates, each without its dependencies (see ``download_plan``).
 OFFLINE_WHEELS = [
     "hatchling>=1.27",
+    "editables>=0.3",
+    "setuptools>=77",
+    "attrs>=22.2",
     "pathspec>=0.10.1",
     "trove-classifiers",
     "tomlkit>=0.11.1",
@@ -76,8 +81,6 @@ OFFLINE_WHEELS = [
     "jsonschema-specifications",
     "referencing",
     "rpds-py",
-    "omegaconf>=2.3",
-    "antlr4-python3-runtime==4.9.*",
 ]
 #: The most one device call carries (its working tree, wheels included).
 CARRY_LIMIT_BYTES = 64 * 1024 * 1024
@@ -321,7 +324,8 @@ def install_plan(
     they hold one; otherwise an installed CUDA torch is kept (with a note when it
     misses ``NVRX_TORCH_SPEC``). Every later command is constrained to the torch then
     installed (``constraints`` names that file), so nothing swaps it. The packages are
-    installed editable without dependencies, so an older preinstalled torch stays.
+    installed editable without dependencies (each on its own), so an older
+    preinstalled torch stays.
     """
     pip = (python, "-m", "pip", "install", "-q", "--no-compile", "--disable-pip-version-check")
     source = ("--no-index", "--find-links", str(wheels)) if wheels is not None else ()
@@ -355,18 +359,18 @@ def install_plan(
     if have.get("cupti-python") is None or not satisfies(have["cupti-python"] or "", cupti):
         commands.append(Command("cupti-python", (*pip, *source, *pin, cupti), required=False))
     for name, requirement in EXTRAS:
-        if have.get(name) is None:
+        version = have.get(name)
+        if version is None or not satisfies(version, requirement):
             commands.append(Command(name, (*pip, *source, *pin, requirement), required=False))
-    editable = [a for n in PACKAGES for a in ("-e", str(root / "packages" / n))]
-    commands.append(
-        Command(
-            "nvrx packages (editable, no dependencies)",
-            (*pip, *source, "--no-deps", "--no-build-isolation",
-             "--config-settings", "editable_mode=compat", *editable),
-            # Without it the steps import the packages from their src folders.
-            required=False,
-        )
-    )  # fmt: skip
+    for name in PACKAGES:  # one by one: a package that fails leaves the others
+        commands.append(
+            Command(
+                f"{name} (editable, no dependencies)",
+                (*pip, *source, "--no-deps", "--no-build-isolation",
+                 "--config-settings", "editable_mode=compat", "-e", str(root / "packages" / name)),
+                required=False,
+            )
+        )  # fmt: skip
     return commands, notes
 
 
@@ -656,15 +660,6 @@ def run_install(
     return {"commands": done, "ok": ok}
 
 
-def step_env(env: Mapping[str, str]) -> dict[str, str]:
-    """The steps' environment: the packages' src folders on PYTHONPATH (needed where
-    their editable install could not be made; harmless where it was)."""
-    src = [str(ROOT / "packages" / n / "src") for n in PACKAGES]
-    scripts = str(ROOT / "tests-integration" / "scripts")
-    existing = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-    return {**env, "PYTHONPATH": os.pathsep.join([*src, scripts, *existing])}
-
-
 def machine() -> dict[str, Any]:
     return {
         "hostname": platform.node(),
@@ -707,7 +702,7 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
             install["commands"] = []
         for note in notes:
             print(f"gpu_check: note: {note}", flush=True)
-        envs = step_env(env)
+        envs = dict(env)
         gpu, probe = probe_gpu(python, envs)
         log.write(f"torch probe: {probe}\n")
         chosen = [s for s in STEPS if s.name in args.steps]
