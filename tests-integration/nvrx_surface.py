@@ -577,9 +577,43 @@ NAMES: tuple[Name, ...] = (
     ),
     Name(
         f"{_PTL}.local_checkpoint_callback",
-        None,
-        Status.NOT_PROVIDED,
-        "local checkpointing is not part of nvrx",
+        "nvrx.ptl.local_checkpoint_callback",
+        Status.SAME,
+        "also exported from nvrx.ptl; no DeprecationWarning at import",
+        ("LocalCheckpointCallback", "HierarchicalCheckpointIO", "LOCAL_CKPT_OPTS_KEY"),
+    ),
+    Name(
+        f"{_PTL}.local_checkpoint_callback.LocalCheckpointCallback",
+        "nvrx.ptl.local_checkpoint_callback.LocalCheckpointCallback",
+        Status.SAME,
+        "a ModelCheckpoint that saves only local snapshots; nvrx adds resume_without_path "
+        "and takes its interval from ft_launcher when given none",
+        ("every_n_train_steps", "train_time_interval"),
+    ),
+    Name(
+        f"{_PTL}.local_checkpoint_callback.HierarchicalCheckpointIO",
+        "nvrx.ptl.local_checkpoint_callback.HierarchicalCheckpointIO",
+        Status.SAME,
+        "loads the local snapshot when it is as new as the global checkpoint or newer; "
+        "to_tensor_aware_state_dict has a default (no pickle) where NVRx's is abstract",
+        (
+            "wrapped_checkpoint_io",
+            "local_ckpt_manager",
+            "get_global_ckpt_iteration_fn",
+            "async_save",
+            "save_checkpoint",
+            "load_checkpoint",
+            "remove_checkpoint",
+            "get_partial_wrapper_constructor",
+            "to_tensor_aware_state_dict",
+            "from_tensor_aware_state_dict",
+        ),
+    ),
+    Name(
+        f"{_PTL}.local_checkpoint_callback.LOCAL_CKPT_OPTS_KEY",
+        "nvrx.ptl.local_checkpoint_callback.LOCAL_CKPT_OPTS_KEY",
+        Status.SAME,
+        "'local_checkpoint_options', also nvrx.ptl.LOCAL_CKPT_OPTS_KEY",
     ),
     # local checkpoints (nvrx.ft.checkpointing.local; see docs/guides/local-checkpoints.md)
     Name(
@@ -1278,6 +1312,14 @@ def _logger_names() -> object:
     )
 
 
+def _ptl_local_default(param: str) -> object:
+    import inspect
+
+    from nvrx.ptl import LocalCheckpointCallback
+
+    return inspect.signature(LocalCheckpointCallback).parameters[param].default
+
+
 def _socket_env() -> object:
     from nvrx.ft import MONITOR_SOCKET_ENV
 
@@ -1622,6 +1664,30 @@ BEHAVIOURS: tuple[Behaviour, ...] = (
         "LocalCheckpoints.save skips with one warning and training goes on; "
         "LocalCheckpointManager raises at finalize like NVRx; the previous snapshot stays",
         "a failed save must not cost the last good snapshot",
+    ),
+    Behaviour(
+        "Lightning fit started without ckpt_path while a local snapshot exists",
+        "starts from scratch (Lightning never asks the CheckpointIO)",
+        "resumes from the newest local snapshot (LocalCheckpointCallback(resume_without_path="
+        "False) restores NVRx's outcome); trainer.ckpt_path reads nvrx-local-snapshot:<N>",
+        "a job restarted by ft_launcher resumes with no path logic in the script",
+        probe=lambda: _ptl_local_default("resume_without_path"),
+        expect=True,
+    ),
+    Behaviour(
+        "LocalCheckpointCallback on the plain strategies (single device, DDP)",
+        "trainer.save_checkpoint: rank 0 alone calls the CheckpointIO, so the other ranks "
+        "never save and a collective manager hangs",
+        "every rank hands its own checkpoint to the HierarchicalCheckpointIO; strategies "
+        "that override save_checkpoint (NeMo's MegatronStrategy) are called as in NVRx",
+        "a snapshot is usable only when every rank has one",
+    ),
+    Behaviour(
+        "a local snapshot save fails under LocalCheckpointCallback (full tmpfs, an odd object)",
+        "the exception ends the training",
+        "one warning and training goes on; an object that is neither a tensor nor a plain "
+        "value is stored as None and named in a warning (never pickled)",
+        "the previous snapshot and the global checkpoints stay valid",
     ),
 )
 
