@@ -317,6 +317,12 @@ NAMES: tuple[Name, ...] = (
         "console script ft_launcher in both",
     ),
     Name(
+        f"{_FT}.launcher.get_args_parser",
+        "nvrx.launcher.get_args_parser",
+        Status.SAME,
+        "ft_launcher's parser: torchrun's options and the launcher's",
+    ),
+    Name(
         f"{_FT}.launcher.LaunchConfig",
         None,
         Status.NOT_PROVIDED,

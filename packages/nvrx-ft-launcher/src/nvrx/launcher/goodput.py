@@ -52,6 +52,7 @@ import heapq
 import itertools
 import json
 import math
+import pathlib
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, cast
@@ -968,7 +969,7 @@ class Ledger:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m nvrx.launcher.goodput JOURNAL``: the job summary of a journal file."""
+    """``python -m nvrx.launcher.goodput JOURNAL``: the job summary (and ``--trace`` timeline)."""
     parser = argparse.ArgumentParser(
         prog="python -m nvrx.launcher.goodput",
         description="Goodput and ETTR of a job from its ft_launcher journal.",
@@ -976,6 +977,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("journal", help="the --ft-journal file (JSON lines)")
     parser.add_argument("--run-id", help="only the launchers of this run (a shared file)")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+    parser.add_argument(
+        "--trace",
+        metavar="FILE",
+        help="also write the job's timeline to FILE as Chrome trace-event JSON (Perfetto)",
+    )
     args = parser.parse_args(argv)
     try:
         with open(args.journal, encoding="utf-8", errors="replace") as f:
@@ -994,6 +1000,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         records = records_of_run(records, args.run_id)
     summary = account(records)
     sys.stdout.write((summary.dumps() if args.json else summary.format()) + "\n")
+    if args.trace is not None:
+        from nvrx.ft import write_file_atomically
+        from nvrx.launcher._trace import job_trace
+
+        trace = job_trace(records, job=args.run_id or pathlib.Path(args.journal).name)
+        try:
+            write_file_atomically(args.trace, json.dumps(trace), mode=0o600, durable=False)
+        except OSError as exc:
+            parser.error(f"--trace {args.trace!r}: {exc.strerror}")
     return 0
 
 
