@@ -51,6 +51,7 @@ from ._culprit import CulpritFinding, RankEvidence, find_culprit
 from ._cycle_steps import CycleSteps
 from ._events import (
     AllNodesFinished,
+    CheckpointRestored,
     DecisionTaken,
     FirstStep,
     HangAttributed,
@@ -72,6 +73,7 @@ from ._events import (
     WorkloadControl,
 )
 from ._job_key import KEY_ENV, KEY_FILE_ENV, load_job_key
+from ._local_ckpt import RestoreWatch
 from ._monitors import MonitorSupervisor
 from ._numa import NumaPlan
 from ._policy import Progress, RestartPolicy, Trigger, decide, leaves_job, trigger_of
@@ -230,6 +232,7 @@ class FtAgent(LocalElasticAgent):
         metrics: NullRecorder = NULL_RECORDER,
         cluster: ClusterOptions | None = None,
         numa: NumaPlan | None = None,
+        local_ckpt_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         super().__init__(
             spec,
@@ -288,6 +291,8 @@ class FtAgent(LocalElasticAgent):
             metrics=self._metrics,
         )
         os.environ[STRAGGLER_SCORES_ENV] = self._straggler.path  # the ranks inherit it
+        # What the ranks restored from local checkpoints, journalled once per cycle.
+        self._restores = None if local_ckpt_dir is None else RestoreWatch(local_ckpt_dir)
 
     # -- goodput -------------------------------------------------------------------
 
@@ -528,6 +533,8 @@ class FtAgent(LocalElasticAgent):
             {w.local_rank: w.global_rank for w in worker_group.workers},
         )
         self._cycle_started = True
+        if self._restores is not None:
+            self._restores.start_cycle(self._cycle.number, worker_group.spec.local_world_size)
         with spare_handlers(self._spares) as handlers:
             worker_ids: dict[int, Any] = super()._start_workers(worker_group)
         self._rank_pids.new_cycle(worker_ids.values())
@@ -659,6 +666,7 @@ class FtAgent(LocalElasticAgent):
         self._handle_events(self._monitors.drain_events(), noticed)
         self._maybe_start_spares(wg.spec.local_world_size)
         self._journal_progress()
+        self._journal_restore()
         self._read_straggler_scores()
         self._update_goodput_gauges()
         for local_rank, code in sorted(self._monitors.dead().items()):
@@ -828,6 +836,7 @@ class FtAgent(LocalElasticAgent):
         if cycle.first_step_recorded or len(cycle.first_steps) < local:
             return
         cycle.first_step_recorded = True
+        self._journal_restore(final=True)  # the restore came before: its record first
         steps = cycle.first_steps.values()
         self._recorder.record(
             FirstStep(
@@ -836,6 +845,41 @@ class FtAgent(LocalElasticAgent):
                 since_init_s=max(e.since_init_s or 0.0 for e in steps),
                 local_ranks=sorted(cycle.first_steps),
             )
+        )
+
+    def _journal_restore(self, *, final: bool = False) -> None:
+        """Journal what this node's ranks restored this cycle, once (local checkpoints).
+
+        ``final``: the first step or the cycle's end, when the records there are all
+        there will be. Reading them never stops the job.
+        """
+        if self._restores is None:
+            return
+        try:
+            restore = self._restores.poll(final=final)
+        except Exception as exc:  # a record for information never stops the job
+            logger.debug("restore records: %r", exc)
+            return
+        if restore is None:
+            return
+        self._recorder.record(
+            CheckpointRestored(
+                cycle=self._cycle.number,
+                source=restore.source,
+                iteration=restore.iteration,
+                snapshot_wall=restore.snapshot_wall,
+                restore_s=restore.restore_s,
+                ranks=restore.ranks,
+            )
+        )
+        at = "" if restore.iteration is None else f" iteration {restore.iteration}"
+        logger.info(
+            "cycle %d: ranks restored%s from %s in %.2f s (%s)",
+            self._cycle.number,
+            at,
+            restore.source,
+            restore.restore_s,
+            ", ".join(f"local rank {r}: {s}" for r, s in restore.ranks.items()),
         )
 
     def _hang_evidence(self) -> list[RankEvidence]:
@@ -997,6 +1041,7 @@ class FtAgent(LocalElasticAgent):
         action = "exclude" if excluded else decision.action.value
         exit_code = int(ExitCode.NODE_EXCLUDED) if excluded else decision.exit_code
         cycle = self._cycle.number
+        self._journal_restore(final=True)
         self._recorder.record(
             DecisionTaken(
                 cycle=cycle,
@@ -1090,6 +1135,7 @@ class FtAgent(LocalElasticAgent):
         world = self._worker_group.group_world_size or 1
         logger.debug("local workers finished")
         coord.arrive(cycle)
+        self._journal_restore(final=True)
         deadline = time.monotonic() + self._policy.exit_barrier_timeout
         logger.info("local workers finished; waiting for %d node(s) in all", world)
         while coord.arrived(cycle) < world:

@@ -36,6 +36,7 @@ from nvrx.ft import (
     log_formatter,
 )
 
+from . import _local_ckpt
 from ._monitors import MonitorSupervisor
 from ._nvrx_only import add_nvrx_only_options, warn_without_effect
 from ._validation import (
@@ -502,6 +503,7 @@ def add_launcher_options(parser: argparse.ArgumentParser) -> None:
     before = set(map(id, parser._actions))
     _add_restart_options(parser)
     _add_cluster_options(parser)
+    _local_ckpt.add_options(parser)  # --local-ckpt-*
     ft = parser.add_argument_group(
         "fault tolerance",
         "Rank monitor settings (nvrx.ft.FaultToleranceConfig). A YAML file given with "
@@ -655,6 +657,7 @@ def _options(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Launc
         metrics_port=args.ft_metrics_port,
         metrics_addr=args.ft_metrics_addr,
         cluster=cluster,
+        local_ckpt=_local_ckpt.options(args, parser),
         journal=args.ft_journal
         or (os.path.join(args.log_dir, "ft_launcher_events.jsonl") if args.log_dir else None),
     )
