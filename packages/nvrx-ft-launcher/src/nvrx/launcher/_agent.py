@@ -168,8 +168,12 @@ class _RankPids:
         return False
 
 
-def _job_key() -> bytes | None:
-    """The job key from the environment (kept from the ranks), warning when there is none."""
+def _job_key(multi_node: bool) -> bytes | None:
+    """The job key from the environment (kept from the ranks).
+
+    Without one a multi-node job warns (another machine can reach its store); a
+    single-node job says so at INFO, with what to do on a shared machine.
+    """
     try:
         key = load_job_key(os.environ)
     except ValueError as exc:
@@ -177,11 +181,19 @@ def _job_key() -> bytes | None:
     # The ranks and everything they start inherit the environment; they need no key.
     os.environ.pop(KEY_ENV, None)
     os.environ.pop(KEY_FILE_ENV, None)
-    if key is None:
+    if key is None and multi_node:
         logger.warning(
             "no job key (%s or %s): job decisions in the rendezvous store are not "
             "authenticated, so anyone who can reach the store's port can stop or restart "
             "this job; see the launcher guide, 'Securing the rendezvous store'",
+            KEY_ENV,
+            KEY_FILE_ENV,
+        )
+    elif key is None:
+        logger.info(
+            "single node without a job key: on a machine shared with other users, set %s "
+            "or %s so only this job's launchers can steer it (launcher guide, 'Securing "
+            "the rendezvous store')",
             KEY_ENV,
             KEY_FILE_ENV,
         )
@@ -233,6 +245,7 @@ class FtAgent(LocalElasticAgent):
         cluster: ClusterOptions | None = None,
         numa: NumaPlan | None = None,
         local_ckpt_dir: str | os.PathLike[str] | None = None,
+        multi_node: bool = True,
     ) -> None:
         super().__init__(
             spec,
@@ -244,7 +257,7 @@ class FtAgent(LocalElasticAgent):
         )
         compat.warn_if_untested()
         self._policy = policy
-        self._job_key = _job_key()
+        self._job_key = _job_key(multi_node)
         if policy.progress_file is not None:
             try:
                 check_progress_file(policy.progress_file)
