@@ -199,3 +199,39 @@ def test_every_s_saves_at_the_same_iterations(base: pathlib.Path) -> None:
     saved = [r["saved"] for r in first.values()]
     assert saved[0], saved
     assert all(s == saved[0] for s in saved)
+
+
+def test_two_jobs_of_one_user_on_one_node(base: pathlib.Path) -> None:
+    import threading
+
+    from nvrx.ft.checkpointing.local._contract import create_node_dir, remove_dead_node_dirs
+
+    # Two launchers of the same user on this node, running at the same time.
+    dir_a = create_node_dir(base, "job-A")
+    dir_b = create_node_dir(base, "job-B")
+    try:
+        results: dict[str, dict[int, dict[str, Any]]] = {}
+
+        def job(name: str, node: pathlib.Path, saves: list[int]) -> None:
+            results[name] = run_job(base, [node], 2, name, saves=saves, job=name)
+
+        threads = [
+            threading.Thread(target=job, args=("job-A", dir_a.path, [1, 2])),
+            threading.Thread(target=job, args=("job-B", dir_b.path, [5])),
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(JOB_TIMEOUT_S + 30)
+        assert set(results) == {"job-A", "job-B"}
+        assert remove_dead_node_dirs(base) == []  # both launchers are alive
+        again_a = run_job(base, [dir_a.path], 2, "job-A-2", job="job-A")
+        again_b = run_job(base, [dir_b.path], 2, "job-B-2", job="job-B")
+        assert {r["iteration"] for r in again_a.values()} == {2}
+        assert {r["iteration"] for r in again_b.values()} == {5}
+        dir_a.release()  # job A's launcher is gone: only its directory goes
+        assert remove_dead_node_dirs(base) == [dir_a.path]
+        assert dir_b.path.is_dir()
+    finally:
+        dir_a.remove()
+        dir_b.remove()

@@ -110,7 +110,9 @@ class Engine:
             self.rank = 0
         wanted = settings.replicas
         self.replicas = _placement.effective_replicas(self.node_of_rank, wanted)
-        if self.replicas < wanted and self.world_size > 1:
+        if self.replicas < wanted and len(set(self.node_of_rank)) == 1:
+            _logger.info("one node: local checkpoints are kept without replicas")
+        elif self.replicas < wanted:
             self._warn(
                 "replicas",
                 "%d replica(s) asked, only %d other node(s): keeping %d",
@@ -246,6 +248,9 @@ class Engine:
                 )
             event = torch.cuda.Event()  # type: ignore[no-untyped-call]
             event.record(stream)
+        # The snapshot must not see the next step's in-place updates: the training
+        # stream waits (on the GPU, the CPU goes on) until the copy is done.
+        torch.cuda.current_stream().wait_event(event)
         return event
 
     def _manifest(
