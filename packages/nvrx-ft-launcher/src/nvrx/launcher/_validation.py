@@ -13,6 +13,7 @@ import math
 import os
 import re
 import signal
+import stat
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import NoReturn
@@ -23,6 +24,7 @@ __all__ = [
     "MAX_DAYS",
     "checked_parser",
     "max_local_ranks",
+    "unsafe_output_path",
     "validate_environment",
     "validate_launcher_files",
     "validate_torchrun_options",
@@ -173,7 +175,7 @@ def validate_torchrun_options(args: argparse.Namespace, parser: argparse.Argumen
 
 
 def validate_launcher_files(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
-    """The progress file and the job key file (or value) are usable."""
+    """The progress file, the job key file (or value) and the output paths are usable."""
     from ._job_key import load_job_key
     from ._progress import check_progress_file
 
@@ -186,6 +188,53 @@ def validate_launcher_files(args: argparse.Namespace, parser: argparse.ArgumentP
             check_progress_file(args.ft_progress_file)
         except ValueError as exc:
             parser.error(f"argument --ft-progress-file: {args.ft_progress_file!r}: {exc}")
+    for option, dest, is_dir in _OUTPUTS:
+        path = getattr(args, dest, None)
+        if path:
+            why = unsafe_output_path(path, is_dir=is_dir)
+            if why is not None:
+                parser.error(f"argument {option}: {path!r}: {why}")
+
+
+#: Options naming files (or a directory of files) the launcher writes: option, dest, dir.
+_OUTPUTS = (
+    ("--ft-journal", "ft_journal", False),
+    ("--ft-cycle-log", "ft_cycle_log", False),
+    ("--ft-per-cycle-applog-prefix", "ft_per_cycle_applog_prefix", False),
+    ("--ft-cycle-info-dir", "ft_cycle_info_dir", True),
+    ("--log-dir", "log_dir", True),  # the default journal's directory, and torch's logs
+)
+
+
+def unsafe_output_path(path: str | os.PathLike[str], *, is_dir: bool = False) -> str | None:
+    """Why the launcher must not write ``path`` (or files in directory ``path``), or None.
+
+    Refused: a final component that is a symlink (files are opened without following
+    one), and a directory, the file's parent or ``path`` itself when ``is_dir``, that
+    every user may write to without the sticky bit: there anybody could replace the
+    file, or plant a symlink before it exists. Group-writable directories (a project's
+    shared log directory) are fine; so is a sticky world-writable one such as /tmp,
+    where a file of ours cannot be replaced by others.
+    """
+    where = os.fspath(path)
+    if not is_dir:
+        try:
+            if stat.S_ISLNK(os.lstat(where).st_mode):
+                return "is a symlink; name the file itself (the launcher does not follow links)"
+        except OSError:
+            pass  # not there yet: the launcher creates it
+    directory = where if is_dir else (os.path.dirname(os.path.abspath(where)) or "/")
+    try:
+        st = os.stat(directory)
+    except OSError:
+        return None  # reported by the option's own check, or created later
+    if st.st_mode & stat.S_IWOTH and not st.st_mode & stat.S_ISVTX:
+        return (
+            f"the directory {directory!r} is writable by every user and not sticky, so "
+            "another user could replace the file or plant a symlink there; use a "
+            "directory others cannot write to (or a sticky one, such as /tmp)"
+        )
+    return None
 
 
 # -- the environment ------------------------------------------------------------------
