@@ -194,6 +194,7 @@ class RankMonitorClient:
         self._floor_s = 0.0
         self._warmup_steps = 0
         self._learn_requested: tuple[str, ...] | None = None
+        self._learn_requested_sections: tuple[str, ...] | None = None
         self._reset_learning()
 
     def _reset_learning(self) -> None:
@@ -206,6 +207,7 @@ class RankMonitorClient:
         self._learn_seen: set[str] = set()
         self._learn_noted: set[str] = set()
         self._learn_suspended = False
+        self._learn_sections: frozenset[str] | None = None
         self._learn_error_logged = False
         self._probe_due_ns = 0
         # What is in force without learning (configured, loaded or calculated), and
@@ -335,7 +337,9 @@ class RankMonitorClient:
         if self.loaded_hb_timeouts is not None or self.loaded_section_timeouts is not None:
             self._apply_loaded()
         if cfg.learn_timeouts or self._learn_requested is not None:
-            self.enable_learned_timeouts(self._learn_requested or ())
+            self.enable_learned_timeouts(
+                self._learn_requested or (), self._learn_requested_sections
+            )
 
     def _install_exception_hook(self) -> None:
         """NVRx's install_exception_hook: log an uncaught exception, then exit at once.
@@ -562,7 +566,9 @@ class RankMonitorClient:
 
     # ------------------------------------------------------- learned timeouts
 
-    def enable_learned_timeouts(self, expect: Iterable[str] = ()) -> None:
+    def enable_learned_timeouts(
+        self, expect: Iterable[str] = (), sections: Iterable[str] | None = None
+    ) -> None:
         """Tighten this rank's timeouts during the job, from what it observes.
 
         Once the rank has run its warmup iterations plus ``learn_min_steps`` steps
@@ -575,7 +581,9 @@ class RankMonitorClient:
         of a kind not seen before (an epoch boundary: :meth:`note_epoch_boundary`) runs
         under the timeouts in force without learning. Becoming active is logged once.
         The learned timeouts are what :meth:`state_dict` returns, so the next job
-        starts from them.
+        starts from them. ``sections`` limits learning to those sections (None: every
+        configured one); leave out a section that runs once per job (a set-up), whose
+        next run may be longer (a checkpoint load).
 
         Turned on by ``learn_timeouts: true``, by the Lightning callbacks with
         ``calculate_timeouts=True`` and by the first ``calculate_and_set_*`` call while
@@ -593,12 +601,15 @@ class RankMonitorClient:
         cfg = self.cfg
         if not self.is_initialized or cfg is None:
             self._learn_requested = kinds
+            self._learn_requested_sections = None if sections is None else tuple(sections)
             return
         if cfg.learn_timeouts is False:
             if self._first_time("learning", "off"):
                 self.logger.info("learned timeouts are off (learn_timeouts: false)")
             return
         expected = frozenset(kinds)
+        if sections is not None:
+            self._learn_sections = frozenset(sections)
         if self._learn is not None:
             if expected <= self._learn.expected:
                 return
@@ -718,8 +729,9 @@ class RankMonitorClient:
         if self._sections_used and base_sec is not None:
             values = dict(base_sec.section)
             calculated = set(base_sec.calculated_sections)
+            only = self._learn_sections
             for name, stat in calc.sections.items():
-                if stat.max_ns <= 0:
+                if stat.max_ns <= 0 or (only is not None and name not in only):
                     continue
                 value = learned_timeout(
                     stat.max_ns / _NS, cfg.rank_section_timeouts.get(name), sf, floor

@@ -90,6 +90,7 @@ class FaultToleranceCallback(FtCallbackBase):
                 "set initial_rank_heartbeat_timeout and rank_heartbeat_timeout in the FT config, "
                 f"or use calculate_timeouts=True (current: {timeouts})"
             )
+        self._enable_learning(client, trainer, pl_module)
         self._setup_simulated_fault(trainer)
 
     def _last_report(self, exception: BaseException | None) -> None:
@@ -120,9 +121,10 @@ class FaultToleranceCallback(FtCallbackBase):
         """Heartbeat when training ends."""
         self._heartbeat()
 
-    def on_validation_start(self, *args: Any, **kwargs: Any) -> None:
-        """Heartbeat when validation starts."""
+    def on_validation_start(self, trainer: Any = None, *args: Any, **kwargs: Any) -> None:
+        """Heartbeat when validation starts, then note it (learned timeouts)."""
         self._heartbeat()
+        self._note("validation", trainer)
 
     def on_validation_batch_end(self, *args: Any, **kwargs: Any) -> None:
         """Heartbeat after each validation batch."""
@@ -137,6 +139,7 @@ class FaultToleranceCallback(FtCallbackBase):
         if self.fault_tol_client is not None:
             self.state_machine.on_save_checkpoint()
             self._heartbeat()
+            self._note("checkpoint")  # after the heartbeat: the next one measures the save
 
     # -- timeouts ----------------------------------------------------------------------------
 

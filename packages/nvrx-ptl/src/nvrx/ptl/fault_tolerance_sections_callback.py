@@ -62,6 +62,9 @@ class FaultToleranceSectionsCallback(FtCallbackBase):
     """
 
     TIMEOUTS_FILENAME = SECTIONS_STATE_FILENAME
+    # 'setup' runs once per job, and longer in a job that loads a checkpoint: as in
+    # NVRx, only a job that loaded one calculates it.
+    _LEARNED_SECTIONS = ("step", "checkpointing")
     _STATE_PART = "section"
 
     def __init__(
@@ -177,6 +180,7 @@ class FaultToleranceSectionsCallback(FtCallbackBase):
             "Fault tolerance client initialized. Timeouts: %s",
             client.section_timeouts,
         )
+        self._enable_learning(client, trainer, pl_module)
         self._setup_simulated_fault(trainer)
         self._wrap_strategy(trainer)
         self._start_section("setup")
@@ -264,11 +268,16 @@ class FaultToleranceSectionsCallback(FtCallbackBase):
             return
         self._close_setup_section()
 
+    def on_validation_start(self, trainer: Any = None, *args: Any, **kwargs: Any) -> None:
+        """Note the validation (learned timeouts)."""
+        self._note("validation", trainer)
+
     def on_save_checkpoint(self, trainer: Trainer, *args: Any, **kwargs: Any) -> None:
         """Note the iteration of the last checkpoint."""
         if self.fault_tol_client is not None:
             self.seen_checkpoint_save = True
             self.last_checkpoint_iter = trainer.global_step
+            self._note("checkpoint")
 
     # -- timeouts ----------------------------------------------------------------------------
 
