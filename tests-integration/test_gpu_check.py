@@ -516,8 +516,14 @@ def test_every_gpu_path_has_a_test_marked_gpu() -> None:
 
 
 def _load_noxfile() -> Any:
+    """noxfile.py as a module: the one test_packaging.py loaded, if any (nox warns when
+    its sessions are registered twice), else loaded here once."""
     pytest.importorskip("nox")
-    return _load_path("noxfile_for_gpu_check", ROOT / "noxfile.py")
+    loaded = sys.modules.get("noxfile")
+    if loaded is None or getattr(loaded, "__file__", None) != str(ROOT / "noxfile.py"):
+        loaded = _load_path("noxfile", ROOT / "noxfile.py")
+        sys.modules["noxfile"] = loaded
+    return loaded
 
 
 def _load_path(name: str, path: pathlib.Path) -> ModuleType:
@@ -527,3 +533,11 @@ def _load_path(name: str, path: pathlib.Path) -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def test_the_gpu_tests_step_collects_every_gpu_test_file() -> None:
+    noxfile = _load_noxfile()
+    listed = {str(ROOT / n) for files in noxfile.GPU_TESTS.values() for n in files}
+    found = set(gpu_steps.gpu_test_paths())
+    assert found <= listed
+    assert {p for p in listed if pathlib.Path(p).exists()} == found
