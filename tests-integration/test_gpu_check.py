@@ -541,3 +541,24 @@ def test_the_gpu_tests_step_collects_every_gpu_test_file() -> None:
     found = set(gpu_steps.gpu_test_paths())
     assert found <= listed
     assert {p for p in listed if pathlib.Path(p).exists()} == found
+
+
+def test_publishing_cpu_benchmarks_keeps_the_gpu_section(tmp_path: pathlib.Path) -> None:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        run = _load_path("bench_run_for_gpu_check", ROOT / "benchmarks" / "run.py")
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    page = tmp_path / "benchmarks.md"
+    run.publish(page, {"cpus": 2}, "| table |")
+    assert "## GPU" not in page.read_text()
+    gpu = "\n## GPU\n\nH200, 2026-12-03: figures.\n"
+    page.write_text(page.read_text() + gpu)
+    run.publish(page, {"cpus": 4}, "| new table |")
+    text = page.read_text()
+    assert "| new table |" in text
+    assert "| table |" not in text
+    assert text.endswith(gpu)
+    real = (ROOT / "docs" / "benchmarks.md").read_text()
+    assert "\n## GPU\n" in real  # the page has its GPU heading
+    assert "tools/gpu_check.py" in real[real.index("\n## GPU\n") :]
