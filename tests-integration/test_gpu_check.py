@@ -516,8 +516,14 @@ def test_every_gpu_path_has_a_test_marked_gpu() -> None:
 
 
 def _load_noxfile() -> Any:
+    """noxfile.py as a module: the one test_packaging.py loaded, if any (nox warns when
+    its sessions are registered twice), else loaded here once."""
     pytest.importorskip("nox")
-    return _load_path("noxfile_for_gpu_check", ROOT / "noxfile.py")
+    loaded = sys.modules.get("noxfile")
+    if loaded is None or getattr(loaded, "__file__", None) != str(ROOT / "noxfile.py"):
+        loaded = _load_path("noxfile", ROOT / "noxfile.py")
+        sys.modules["noxfile"] = loaded
+    return loaded
 
 
 def _load_path(name: str, path: pathlib.Path) -> ModuleType:
@@ -527,3 +533,32 @@ def _load_path(name: str, path: pathlib.Path) -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def test_the_gpu_tests_step_collects_every_gpu_test_file() -> None:
+    noxfile = _load_noxfile()
+    listed = {str(ROOT / n) for files in noxfile.GPU_TESTS.values() for n in files}
+    found = set(gpu_steps.gpu_test_paths())
+    assert found <= listed
+    assert {p for p in listed if pathlib.Path(p).exists()} == found
+
+
+def test_publishing_cpu_benchmarks_keeps_the_gpu_section(tmp_path: pathlib.Path) -> None:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        run = _load_path("bench_run_for_gpu_check", ROOT / "benchmarks" / "run.py")
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    page = tmp_path / "benchmarks.md"
+    run.publish(page, {"cpus": 2}, "| table |")
+    assert "## GPU" not in page.read_text()
+    gpu = "\n## GPU\n\nH200, 2026-12-03: figures.\n"
+    page.write_text(page.read_text() + gpu)
+    run.publish(page, {"cpus": 4}, "| new table |")
+    text = page.read_text()
+    assert "| new table |" in text
+    assert "| table |" not in text
+    assert text.endswith(gpu)
+    real = (ROOT / "docs" / "benchmarks.md").read_text()
+    assert "\n## GPU\n" in real  # the page has its GPU heading
+    assert "tools/gpu_check.py" in real[real.index("\n## GPU\n") :]
