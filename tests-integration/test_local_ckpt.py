@@ -8,7 +8,8 @@ reference (deterministic CPU ops, data drawn from the step and the rank):
 
 - a rank SIGKILLed before step k: the job resumes at step k or k-1 (the newest snapshot
   every rank has) and every later step's loss equals the reference's; the journal says
-  each node restored from its own memory;
+  each node restored from its own memory; the same with ``--warm-spares`` (the new ranks
+  are the spares, given the settings at the hand-over);
 - a whole node lost (its launcher and ranks SIGKILLed, its directory deleted) and a new
   launcher started in its place: the new node's ranks fetch their snapshots from the
   peer's replicas, the journal says ``peer`` there and ``own`` on the survivor, and the
@@ -71,6 +72,7 @@ def _nodes(
     port: int,
     which: tuple[int, ...] = (0, 1),
     name: str = "node",
+    extra: list[str] | None = None,
 ) -> list[LauncherRun]:
     """Start the launchers of nodes ``which`` (group rank = node index, via GROUP_RANK)."""
     runs = []
@@ -90,6 +92,7 @@ def _nodes(
                     f"--local-ckpt-dir={bases[i]}",
                     "--local-ckpt-every-n-steps=1",
                     "--ft-rank-heartbeat-timeout=30",  # a loaded 2-core machine
+                    *(extra or []),
                 ],
                 script=SCRIPT,
                 name=f"{name}{i}",
@@ -158,7 +161,9 @@ def _reference_run(
     return {rank: losses[(0, rank)] for rank in range(4)}
 
 
+@pytest.mark.parametrize("spares", [[], ["--warm-spares"]], ids=["cold", "warm-spares"])
 def test_a_killed_rank_resumes_at_its_step_with_the_same_losses(
+    spares: list[str],
     launch: Launch,
     tmp_path: pathlib.Path,
     out_dir: pathlib.Path,
@@ -176,6 +181,7 @@ def test_a_killed_rank_resumes_at_its_step_with_the_same_losses(
         "rankkill",
         [f"--steps={STEPS}", "--step-time=0.05", f"--fault=sigkill:3:{FAULT_STEP}:0"],
         port=free_port(),
+        extra=spares,
     )
     for run in runs:
         run.expect_exit(0, 300)
@@ -197,6 +203,9 @@ def test_a_killed_rank_resumes_at_its_step_with_the_same_losses(
     (cost,) = journal_events(tmp_path / "node0.jsonl", "restart_cost")
     assert cost["restored_from"] == "own"
     assert cost["restored_iteration"] == step
+    if spares:  # the restarted ranks were warm spares, which restored like the others
+        started = [journal_events(tmp_path / f"node{i}.jsonl", "workers_started") for i in (0, 1)]
+        assert [s[1]["warm_local_ranks"] for s in started] == [[0, 1], [0, 1]]
 
 
 def test_a_lost_node_is_replaced_and_restores_from_its_peer(

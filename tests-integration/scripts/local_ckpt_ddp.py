@@ -135,13 +135,13 @@ def main() -> int:
             os.kill(os.getpid(), signal.SIGKILL if faults[step] == "sigkill" else signal.SIGSTOP)
         x, y = batch(step, rank, args.width)
         opt.zero_grad(set_to_none=True)
-        out = ddp(x)
-        loss = loss_fn(out, y)
+        pred = ddp(x)
+        loss = loss_fn(pred, y)
         loss.backward()
         opt.step()
         time.sleep(args.step_time)
         client.send_heartbeat()
-        journal.record("step", step=step, loss=exact_mse(out, y))
+        journal.record("step", step=step, loss=exact_mse(pred, y))
         if local is not None:
             local.maybe_save(step, state_of(step))
         if step % args.disk_every == 0 and rank == 0:
