@@ -51,6 +51,7 @@ def run_job(
     per_node: int,
     tag: str,
     allow_fail: bool = False,
+    node_spec: dict[int, dict[str, Any]] | None = None,
     **spec: Any,
 ) -> dict[int, dict[str, Any]]:
     """Run one job: len(nodes) x per_node ranks; return each rank's result."""
@@ -74,7 +75,8 @@ def run_job(
                     "LOCAL_RANK": str(local),
                     "GROUP_RANK": str(node),
                 }
-                args = json.dumps({**spec, "node_dir": str(node_dir), "out": str(out)})
+                extra = (node_spec or {}).get(node, {})
+                args = json.dumps({**spec, **extra, "node_dir": str(node_dir), "out": str(out)})
                 log = (base / f"{tag}-rank{rank}.log").open("wb")
                 procs.append(
                     subprocess.Popen(
@@ -188,9 +190,14 @@ def test_replica_that_never_arrived_means_global(base: pathlib.Path) -> None:
 
 def test_holder_without_room_refuses_and_owner_keeps_training(base: pathlib.Path) -> None:
     nodes = [base / "node0", base / "node1"]
-    # max_share so small that no snapshot fits: every save is skipped, nobody hangs.
-    first = run_job(base, nodes, 1, "a", saves=[1, 2], max_share=1e-9)
-    assert all(r["saved"] == [] for r in first.values())
+    # Node 1's share is so small that nothing fits there: its own saves are skipped and
+    # it refuses node 0's replicas; node 0 keeps saving its own. Nobody hangs.
+    first = run_job(base, nodes, 1, "a", saves=[1, 2, 3], node_spec={1: {"max_share": 1e-9}})
+    assert first[0]["saved"] == [1, 2, 3]
+    assert first[1]["saved"] == []
+    assert not list(nodes[1].rglob("0.*.snap"))  # the replica was refused
+    second = run_job(base, nodes, 1, "b", global_iteration=0)
+    assert all(r["source"] == "global" for r in second.values())
 
 
 def test_every_s_saves_at_the_same_iterations(base: pathlib.Path) -> None:
