@@ -1721,7 +1721,7 @@ BEHAVIOURS: tuple[Behaviour, ...] = (
         "a snapshot is usable only when every rank has one",
     ),
     Behaviour(
-        "a local snapshot save fails under LocalCheckpointCallback (full tmpfs, an odd object)",
+        "LocalCheckpointCallback: a local snapshot save fails or an object cannot be stored",
         "the exception ends the training",
         "one warning and training goes on; an object that is neither a tensor nor a plain "
         "value is stored as None and named in a warning (never pickled)",

@@ -70,7 +70,11 @@ class Report(Callback):
         emit("START", {"global_step": trainer.global_step, "ckpt_path": trainer.ckpt_path})
 
     def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
-        if ATTEMPT == 0 and trainer.global_step == CFG.get("kill_at"):
+        if (
+            ATTEMPT == 0
+            and trainer.global_step == CFG.get("kill_at")
+            and CFG.get("kill_rank", RANK) == RANK
+        ):
             os.kill(os.getpid(), signal.SIGKILL)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

@@ -61,7 +61,8 @@ class Tiny(pl.LightningModule):
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         gen = torch.Generator().manual_seed(self.trainer.global_step)
         x = torch.randn(4, 3, generator=gen)
-        return self.layer(x).pow(2).mean()
+        loss: torch.Tensor = self.layer(x).pow(2).mean()
+        return loss
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.AdamW(self.parameters(), lr=0.05)
@@ -94,7 +95,7 @@ def fit(
         accelerator="cpu",
         devices=1,
         max_steps=max_steps,
-        callbacks=callbacks,  # type: ignore[arg-type]
+        callbacks=callbacks,
         default_root_dir=root,
         logger=False,
         enable_progress_bar=False,
@@ -239,9 +240,9 @@ def test_a_bad_snapshot_is_skipped(
     # are); the manifest and the preamble stay intact, so only checksums can tell
     newest: tuple[int, pathlib.Path, dict[str, Any], int] | None = None
     for path in (tmp_path / "local").rglob("*.snap"):
-        data = path.read_bytes()
-        at = data.index(b'{"')
-        man, _ = json.JSONDecoder().raw_decode(data[at:].decode("utf-8", "replace"))
+        raw = path.read_bytes()
+        at = raw.index(b'{"')
+        man, _ = json.JSONDecoder().raw_decode(raw[at:].decode("utf-8", "replace"))
         if newest is None or man["iteration"] > newest[0]:
             newest = (man["iteration"], path, man, at)
     assert newest is not None
@@ -322,3 +323,61 @@ def test_sigkilled_fit_resumes_from_local_snapshot(
     assert start["ckpt_path"] == f"{LOCAL_PATH_PREFIX}{start['global_step']}" or with_path
     (got,) = records(out, "RESULT")
     assert got == want  # weights, Adam moments, lr: bit for bit
+
+
+def run_ranks(
+    procs: Procs,
+    cfg: dict[str, Any],
+    launcher: list[str],
+    env: dict[str, str],
+    timeout: float = 200.0,
+) -> tuple[int, str]:
+    args = [
+        *launcher,
+        "--standalone",
+        "--nproc-per-node=2",
+        "--max-restarts=1",
+        "--monitor-interval=0.2",
+        str(SCRIPT),
+        json.dumps(cfg),
+    ]
+    proc = procs.python(args, env={"OMP_NUM_THREADS": "1", **env})
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        raise AssertionError(f"the job did not finish in {timeout} s:\n{out}") from None
+    return proc.returncode, out
+
+
+def test_ddp_job_restarted_by_ft_launcher_resumes_from_the_launcher_env(
+    tmp_path: pathlib.Path, procs: Procs, unfaulted: dict[str, Any]
+) -> None:
+    """The environment ft_launcher gives, set by hand: the script has no path logic.
+
+    Two DDP ranks (gloo) see identical data, so their weights equal the single-process
+    run's; rank 1 is SIGKILLed after step 7's snapshot and ft_launcher restarts both.
+    (torch's own launcher cannot restart a Lightning DDP job here: the restarted ranks
+    read the dead ranks' gloo addresses from the reused store.)
+    """
+    env = {
+        "NVRX_LOCAL_CKPT_DIR": str(tmp_path / "node"),
+        "NVRX_LOCAL_CKPT_JOB": "test-job",
+        "NVRX_LOCAL_CKPT_EVERY_N_STEPS": "1",
+    }
+    cfg = {"max_steps": 12, "kill_at": 7, "kill_rank": 1}
+    rc, out = run_ranks(procs, cfg, ["-m", "nvrx.launcher"], env)
+    assert rc == 0, out
+    starts = {r["rank"]: r for r in records(out, "START")}
+    results = {r["rank"]: r for r in records(out, "RESULT")}
+    assert sorted(results) == [0, 1], out
+    resumed = [r for r in records(out, "START") if r["global_step"] > 0]
+    assert {r["rank"] for r in resumed} == {0, 1}, out
+    assert all(r["global_step"] in (6, 7) for r in resumed), out
+    assert starts[0]["ckpt_path"].startswith(LOCAL_PATH_PREFIX)
+    for rank in (0, 1):
+        got = results[rank]
+        assert got["global_step"] == unfaulted["global_step"]
+        assert got["params"] == unfaulted["params"], f"rank {rank}"
+        assert got["opt_state"] == unfaulted["opt_state"], f"rank {rank}"

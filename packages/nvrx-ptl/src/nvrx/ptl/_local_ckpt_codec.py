@@ -116,7 +116,7 @@ def decode(tree: Any) -> Any:
         tag = tree.get(_TAG)
         if tag is None:
             return {k: decode(v) for k, v in tree.items()}
-        value = tree.get("v")
+        value: Any = tree.get("v")
         if tag == "items":
             return {_hashable(decode(k)): decode(v) for k, v in value}
         if tag == "tuple":

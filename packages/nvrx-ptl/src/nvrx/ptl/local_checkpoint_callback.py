@@ -138,7 +138,7 @@ class HierarchicalCheckpointIO(_WrappingCheckpointIO):
             raise RuntimeError("HierarchicalCheckpointIO has no wrapped CheckpointIO yet")
         return io
 
-    def save_checkpoint(  # type: ignore[override]
+    def save_checkpoint(
         self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None
     ) -> Any:
         """Save a local snapshot (local options given) or a global checkpoint."""
@@ -215,7 +215,7 @@ class HierarchicalCheckpointIO(_WrappingCheckpointIO):
             checkpoint = _map_tensors(checkpoint, torch.device(map_location))
         return checkpoint  # type: ignore[no-any-return]
 
-    def remove_checkpoint(self, path: Any) -> None:  # type: ignore[override]
+    def remove_checkpoint(self, path: Any) -> None:
         """Remove a global checkpoint (the manager removes old local snapshots itself)."""
         self._wrapped().remove_checkpoint(path)
 
@@ -363,6 +363,7 @@ class LocalCheckpointCallback(ModelCheckpoint):
         self.resume_without_path = resume_without_path
         self._hooked: tuple[object, Callable[..., Any]] | None = None
         self._pending: Any = None  # the last async save's request, finished at the next
+        self._installed: tuple[object, HierarchicalCheckpointIO] | None = None
 
     # -- what ModelCheckpoint would save: nothing but the local snapshot ---------------
 
@@ -428,6 +429,7 @@ class LocalCheckpointCallback(ModelCheckpoint):
         # async: the step pays for the copy only; the callback finishes each save later
         io = HierarchicalCheckpointIO(trainer.strategy.checkpoint_io, manager, async_save=True)
         trainer.strategy.checkpoint_io = io
+        self._installed = (trainer.strategy, io)
         _logger.info("local snapshots in %s", settings.node_dir)
         return io
 
@@ -463,13 +465,28 @@ class LocalCheckpointCallback(ModelCheckpoint):
         return f"{LOCAL_PATH_PREFIX}{iteration}"
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        """Give the trainer its own ``resume_start`` back."""
+        """Give the trainer its own ``resume_start`` and CheckpointIO back.
+
+        The manager this callback made (under ft_launcher) is closed: its last save
+        is finished and its background threads stop. Snapshots stay for the launcher.
+        """
         super().teardown(trainer, pl_module, stage)
         if self._hooked is not None:
             connector, wrapper = self._hooked
             if vars(connector).get("resume_start") is wrapper:
                 del connector.resume_start  # type: ignore[attr-defined]
             self._hooked = None
+        if self._installed is not None:
+            strategy, io = self._installed
+            self._installed = None
+            if getattr(strategy, "checkpoint_io", None) is io and io.checkpoint_io is not None:
+                strategy.checkpoint_io = io.checkpoint_io  # type: ignore[attr-defined]
+            close = getattr(io.local_ckpt_manager, "close", None)
+            if callable(close):
+                try:
+                    close()
+                except Exception as exc:
+                    _warn_once("close", "closing the local checkpoint manager: %r", exc)
 
     # -- the save ---------------------------------------------------------------------
 
@@ -483,7 +500,7 @@ class LocalCheckpointCallback(ModelCheckpoint):
     ) -> None:
         """Take a snapshot when the step count or the time interval says so."""
         if (
-            trainer.fast_dev_run
+            getattr(trainer, "fast_dev_run", False)
             or trainer.state.fn != "fit"
             or trainer.sanity_checking
             or self._last_global_step_saved == trainer.global_step
@@ -518,7 +535,7 @@ class LocalCheckpointCallback(ModelCheckpoint):
                 # Lightning's own strategies write on rank 0 only; every rank has a snapshot
                 checkpoint = trainer._checkpoint_connector.dump_checkpoint(False)
                 io = strategy.checkpoint_io
-                self._pending = io.save_checkpoint(checkpoint, None, storage_options=options)  # type: ignore[func-returns-value]
+                self._pending = io.save_checkpoint(checkpoint, None, storage_options=options)  # type: ignore[arg-type]
             else:
                 trainer.save_checkpoint(None, storage_options=options)  # type: ignore[arg-type]
         except Exception as exc:  # the previous snapshot stays valid: keep training
