@@ -11,6 +11,7 @@ import dataclasses
 import datetime
 import logging
 import os
+import pathlib
 import socket
 import threading
 import time
@@ -81,7 +82,13 @@ def _flat_bytes(t: torch.Tensor) -> torch.Tensor:
 class Engine:
     """Saves and restores one rank's snapshots in its node directory."""
 
-    def __init__(self, settings: LocalCkptSettings, group: dist.ProcessGroup | None) -> None:
+    def __init__(
+        self,
+        settings: LocalCkptSettings,
+        group: dist.ProcessGroup | None,
+        *,
+        rank_dir: pathlib.Path | None = None,
+    ) -> None:
         self.settings = settings
         self.job = settings.job_id
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0") or 0)
@@ -103,7 +110,9 @@ class Engine:
             self.rank = 0
         wanted = settings.replicas
         self.replicas = _placement.effective_replicas(self.node_of_rank, wanted)
-        if self.replicas < wanted and self.world_size > 1:
+        if self.replicas < wanted and len(set(self.node_of_rank)) == 1:
+            _logger.info("one node: local checkpoints are kept without replicas")
+        elif self.replicas < wanted:
             self._warn(
                 "replicas",
                 "%d replica(s) asked, only %d other node(s): keeping %d",
@@ -120,7 +129,9 @@ class Engine:
         )
         self.offer_slots = 2 * (1 + max(most, self.replicas))
         self.store = Store(
-            settings.local_rank_dir(self.local_rank), settings.node_dir, settings.max_share
+            rank_dir or settings.local_rank_dir(self.local_rank),
+            settings.node_dir,
+            settings.max_share,
         )
         self.writer = Writer()
         self.replicator: Replicator | None = None
@@ -128,6 +139,7 @@ class Engine:
         self._stream: Any = None
         self._closed = False
         self.last_saved: int | None = None
+        self.last_committed: int | None = None
         self.saves = 0
         self.skipped = 0
         if self.group is not None and (self.owners_held or self.holders):
@@ -236,6 +248,9 @@ class Engine:
                 )
             event = torch.cuda.Event()  # type: ignore[no-untyped-call]
             event.record(stream)
+        # The snapshot must not see the next step's in-place updates: the training
+        # stream waits (on the GPU, the CPU goes on) until the copy is done.
+        torch.cuda.current_stream().wait_event(event)
         return event
 
     def _manifest(
@@ -292,6 +307,7 @@ class Engine:
         )
         view[: _format.PREAMBLE_SIZE] = _format.encode_preamble(pre)
         self.store.committed(self.rank, slot_idx, iteration)
+        self.last_committed = iteration
         if self.holders:
             self._replicator().send(view[:total], iteration)
 
@@ -325,6 +341,18 @@ class Engine:
     def restore(self, template: Mapping[str, Any] | None, global_iteration: int | None) -> Restored:
         """Agree with every rank, fetch what is missing, load. Collective; never raises."""
         t0 = time.monotonic()
+        plan, valid = self.agree(global_iteration)
+        if plan is None or plan.iteration is None:
+            return self._fallback(plan, global_iteration, t0)
+        state, source, wall = self.load_agreed(plan, valid, template)
+        if state is None:
+            return self._fallback(plan, global_iteration, t0)
+        out = Restored(source, plan.iteration, state, time.monotonic() - t0, wall)
+        self._record(out)
+        return out
+
+    def agree(self, global_iteration: int | None) -> tuple[_agreement.Plan | None, list[_Valid]]:
+        """The plan every rank computes from one all_gather (None when it failed)."""
         valid = self._verified_holdings()
         offers = sorted(
             ((v.owner, v.iteration, v.nbytes) for v in valid),
@@ -335,10 +363,16 @@ class Engine:
             table = self._gather(block)
         except Exception as exc:
             self._warn("agree", "local checkpoint agreement failed (%s); using the global one", exc)
-            return self._fallback(None, global_iteration, t0)
-        plan = _agreement.choose(table, self.world_size)
-        if plan.iteration is None:
-            return self._fallback(plan, global_iteration, t0)
+            return None, valid
+        return _agreement.choose(table, self.world_size), valid
+
+    def load_agreed(
+        self,
+        plan: _agreement.Plan,
+        valid: list[_Valid],
+        template: Mapping[str, Any] | None,
+    ) -> tuple[dict[str, Any] | None, RestoreSource, float | None]:
+        """Fetch and load the agreed snapshot; state None on every rank if any rank failed."""
         state: dict[str, Any] | None = None
         source = RestoreSource.OWN
         wall: float | None = None
@@ -367,11 +401,11 @@ class Engine:
         except Exception as exc:
             self._warn("confirm", "local checkpoint confirmation failed: %s", exc)
             ok = 0
-        if not ok:
-            return self._fallback(plan, global_iteration, t0)
-        out = Restored(source, plan.iteration, state, time.monotonic() - t0, wall)
-        self._record(out)
-        return out
+        return (state if ok else None), source, wall
+
+    def all_ok(self, ok: bool) -> bool:
+        """True on every rank iff ``ok`` on every rank (one all_reduce on the group)."""
+        return bool(self._all_min(1 if ok else 0))
 
     def _fallback(
         self, plan: _agreement.Plan | None, global_iteration: int | None, t0: float

@@ -128,7 +128,7 @@ class Store:
         total = 0
         with contextlib.suppress(OSError):
             for sub in os.scandir(self.node_dir):
-                if not sub.name.startswith("local") or not sub.is_dir(follow_symlinks=False):
+                if not sub.is_dir(follow_symlinks=False):
                     continue
                 with contextlib.suppress(OSError):
                     for entry in os.scandir(sub.path):
@@ -168,6 +168,7 @@ class Store:
             return cur
         path = self.path(owner, slot)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        have = 0
         try:
             have = os.fstat(fd).st_size
             if have >= _format.PREAMBLE_SIZE:
@@ -184,6 +185,9 @@ class Store:
             mm = mmap.mmap(fd, new_size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         except BaseException:
             os.close(fd)
+            if have == 0:  # made just now: leave nothing behind
+                with contextlib.suppress(OSError):
+                    path.unlink()
             raise
         if cur is not None:
             cur.close()
