@@ -415,7 +415,7 @@ class FtAgent(LocalElasticAgent):
         try:
             self._straggler.show(scores)
             wait = self._straggler.wait(scores)
-            worst = scores.worst("relative")
+            worst = self._straggler.worst(scores)
             self._recorder.record(
                 StragglerReported(
                     cycle=self._cycle.number if cycle is None else cycle,

@@ -7,12 +7,24 @@ directory; rank 0 writes its reports there (:func:`nvrx.ft.publish_straggler_rep
 reads it only when its size, modification time or inode changed, and never raises: a
 file that cannot be used is logged once per launcher (WARNING, later ones DEBUG) and
 handed to ``on_ignored`` once per version of the file. Nothing here runs on a rank.
+
+The largest report the format allows (131,072 ranks, about 20 MB) takes seconds to read
+and validate; failure handling must not wait for it. A file larger than
+:data:`SYNC_READ_BYTES` is therefore read, validated and summarised (its wait fraction,
+worst rank and gauge values) by a helper thread, and a later tick takes the result; a
+small one (a few thousand ranks) is read at once, as before. The score gauges hold the
+:data:`MAX_SCORE_GAUGES` lowest scores of each kind (the stragglers), so neither
+publishing nor scraping grows with the job.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import heapq
 import logging
+import math
 import os
+import threading
 import time
 from collections.abc import Callable
 
@@ -31,6 +43,54 @@ SCORES_FILE_NAME = "straggler_scores.json"
 POLL_PERIOD_S = 1.0
 #: The score kinds the gauges hold.
 _KINDS = ("relative", "individual")
+#: Files up to this size are read on the agent's tick; larger ones by a helper thread.
+SYNC_READ_BYTES = 1 << 20
+#: Score gauges per kind: the lowest scores (the stragglers) of the latest report.
+MAX_SCORE_GAUGES = 256
+
+
+@dataclasses.dataclass(frozen=True)
+class _Summary:
+    """What the launcher needs of one report, computed once (off the loop for big ones)."""
+
+    fraction: float | None
+    worst: tuple[int, float] | None
+    gauges: dict[str, dict[int, float]]
+
+
+def _lowest_first(item: tuple[int, float]) -> tuple[bool, float, int]:
+    return math.isnan(item[1]), item[1], item[0]  # NaN (nothing comparable) last
+
+
+def _lowest(scores: dict[int, float], count: int) -> dict[int, float]:
+    if len(scores) <= count:
+        return scores
+    return dict(heapq.nsmallest(count, scores.items(), key=_lowest_first))
+
+
+def _summarise(scores: StragglerScores) -> _Summary:
+    return _Summary(
+        fraction=scores.wait_fraction(),
+        worst=scores.worst("relative"),
+        gauges={kind: _lowest(scores.scores(kind), MAX_SCORE_GAUGES) for kind in _KINDS},
+    )
+
+
+class _Reader(threading.Thread):
+    """Reads and summarises one version of the file; the tick collects :attr:`result`."""
+
+    def __init__(self, path: str, version: tuple[int, int, int]) -> None:
+        super().__init__(name="nvrx-straggler-feed", daemon=True)
+        self.path = path
+        self.version = version
+        self.result: tuple[StragglerScores, _Summary] | BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            scores = read_straggler_scores(self.path)
+            self.result = (scores, _summarise(scores))
+        except BaseException as exc:  # handed to the tick, which logs it
+            self.result = exc
 
 
 class StragglerFeed:
@@ -59,6 +119,9 @@ class StragglerFeed:
         #: This cycle (number, Unix time it started) and the one before.
         self._cycle: tuple[int, float] | None = None
         self._previous_cycle: int | None = None
+        self._reader: _Reader | None = None
+        # Summaries of the reports handed out, by identity (the newest few).
+        self._summaries: dict[int, tuple[StragglerScores, _Summary]] = {}
 
     def start_cycle(self, cycle: int, started_at: float) -> None:
         """A new cycle: no score gauge of the last one stays (its rank 0 may have moved to
@@ -71,10 +134,28 @@ class StragglerFeed:
         for kind in _KINDS:
             self._metrics.straggler_scores({}, kind)
 
+    def _summary(self, scores: StragglerScores) -> _Summary:
+        known = self._summaries.get(id(scores))
+        if known is not None and known[0] is scores:
+            return known[1]
+        return self._remember(scores, _summarise(scores))
+
+    def _remember(self, scores: StragglerScores, summary: _Summary) -> _Summary:
+        # The newest few: a report is summarised as it is handed out, used right after.
+        self._summaries = dict(list(self._summaries.items())[-3:])
+        self._summaries[id(scores)] = (scores, summary)
+        return summary
+
     def show(self, scores: StragglerScores) -> None:
-        """The report's scores as the ``nvrx_straggler_score`` gauges (the last report's only)."""
+        """The report's lowest scores as the ``nvrx_straggler_score`` gauges (the last
+        report's only; at most :data:`MAX_SCORE_GAUGES` ranks per kind)."""
+        gauges = self._summary(scores).gauges
         for kind in _KINDS:
-            self._metrics.straggler_scores(scores.scores(kind), kind)
+            self._metrics.straggler_scores(gauges[kind], kind)
+
+    def worst(self, scores: StragglerScores) -> tuple[int, float] | None:
+        """The rank with the lowest relative score and that score (computed once)."""
+        return self._summary(scores).worst
 
     def cycle_of(self, scores: StragglerScores) -> int | None:
         """The cycle ``scores`` was written in: one written before this cycle started (read
@@ -86,13 +167,27 @@ class StragglerFeed:
             return self._previous_cycle
         return number
 
-    def poll_now(self) -> StragglerScores | None:
-        """:meth:`poll` without waiting for the period (the last look before a new cycle)."""
+    def poll_now(self, wait_s: float = 0.0) -> StragglerScores | None:
+        """:meth:`poll` without waiting for the period (the last look before a new cycle).
+
+        A big file being read by the helper thread is waited for up to ``wait_s``.
+        """
+        if self._reader is not None and wait_s > 0:
+            self._reader.join(wait_s)
         self._next = 0.0
         return self.poll()
 
     def poll(self) -> StragglerScores | None:
-        """The new report if the file changed since the last look, else None; never raises."""
+        """The new report if the file changed since the last look, else None; never raises.
+
+        A big file is read by a helper thread: this returns None then, and the report on
+        a later call, once read.
+        """
+        if self._reader is not None:
+            if self._reader.is_alive():
+                return None
+            reader, self._reader = self._reader, None
+            return self._collect(reader)
         now = self._clock()
         if now < self._next:
             return None
@@ -108,18 +203,35 @@ class StragglerFeed:
         if version == self._seen:
             return None
         self._seen = version
-        try:
-            scores = read_straggler_scores(self.path)
-        except FileNotFoundError:
+        reader = _Reader(self.path, version)
+        if st.st_size > SYNC_READ_BYTES:
+            try:
+                reader.start()
+            except RuntimeError as exc:  # no thread to be had: try again next period
+                self._seen = None
+                logger.debug("straggler scores: no reader thread: %r", exc)
+                return None
+            self._reader = reader
+            return None
+        reader.run()  # small: here and now
+        return self._collect(reader)
+
+    def _collect(self, reader: _Reader) -> StragglerScores | None:
+        result = reader.result
+        if isinstance(result, tuple):
+            scores, summary = result
+            self._remember(scores, summary)
+            return scores
+        if result is None or isinstance(result, FileNotFoundError):
             return None  # replaced between stat and open: the next look reads it
-        except (OSError, ValueError) as exc:
-            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-            self._ignore(why, version)
-            return None
-        except Exception as exc:  # the launcher carries on whatever the file holds
-            self._ignore(f"{type(exc).__name__}: {exc}", version)
-            return None
-        return scores
+        if isinstance(result, (OSError, ValueError)):
+            why = result.strerror if isinstance(result, OSError) and result.strerror else None
+            self._ignore(why or str(result), reader.version)
+        elif isinstance(result, Exception):  # the launcher carries on whatever the file holds
+            self._ignore(f"{type(result).__name__}: {result}", reader.version)
+        else:  # KeyboardInterrupt, SystemExit, MemoryError...: not the file's fault
+            logger.debug("straggler scores: reading stopped: %r", result)
+        return None
 
     def wait(self, scores: StragglerScores) -> StragglerWait | None:
         """The report's straggler wait over its window (:meth:`StragglerScores.wait_fraction`).
@@ -133,7 +245,7 @@ class StragglerFeed:
         if start is not None and self._last_end is not None:
             start = max(start, self._last_end)
         self._last_end = end if self._last_end is None else max(end, self._last_end)
-        fraction = scores.wait_fraction()
+        fraction = self._summary(scores).fraction
         if start is None or end <= start or fraction is None:
             return None
         return StragglerWait(start, end, fraction)
