@@ -425,7 +425,7 @@ class FtAgent(LocalElasticAgent):
                     wait_fraction=None if wait is None else wait.fraction,
                     forward_section=scores.forward_section,
                     step_section=scores.step_section,
-                    ranks=len(scores.ranks),
+                    ranks=self._straggler.rank_count(scores),
                     worst_rank=None if worst is None else worst[0],
                     worst_score=None if worst is None else worst[1],
                 )

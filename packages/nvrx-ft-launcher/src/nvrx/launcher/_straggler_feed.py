@@ -11,25 +11,30 @@ handed to ``on_ignored`` once per version of the file. Nothing here runs on a ra
 The largest report the format allows (131,072 ranks, about 20 MB) takes seconds to read
 and validate; failure handling must not wait for it. A file larger than
 :data:`SYNC_READ_BYTES` is therefore read, validated and summarised (its wait fraction,
-worst rank and gauge values) by a helper thread, and a later tick takes the result; a
-small one (a few thousand ranks) is read at once, as before. The score gauges hold the
+worst rank and gauge values) by a child process
+(:mod:`nvrx.launcher._straggler_summary`), so neither its parse (which would hold the
+GIL for a second or more) nor its memory is the launcher's; a later tick takes the
+summary. A small one (a few thousand ranks) is read at once, as before. The score gauges hold the
 :data:`MAX_SCORE_GAUGES` lowest scores of each kind (the stragglers), so neither
 publishing nor scraping grows with the job.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import heapq
+import json
 import logging
-import math
 import os
-import threading
+import subprocess
+import sys
 import time
 from collections.abc import Callable
+from typing import Any
 
 from nvrx.ft import StragglerScores, read_straggler_scores
 
+from ._straggler_summary import KINDS, MAX_SCORE_GAUGES, lowest
 from .goodput import StragglerWait
 from .metrics import NULL_RECORDER, NullRecorder
 
@@ -41,56 +46,105 @@ logger = logging.getLogger("nvrx.launcher")
 SCORES_FILE_NAME = "straggler_scores.json"
 #: How often the agent's tick may look at the file (one ``stat``).
 POLL_PERIOD_S = 1.0
-#: The score kinds the gauges hold.
-_KINDS = ("relative", "individual")
 #: Files up to this size are read on the agent's tick; larger ones by a helper thread.
 SYNC_READ_BYTES = 1 << 20
-#: Score gauges per kind: the lowest scores (the stragglers) of the latest report.
-MAX_SCORE_GAUGES = 256
+#: How long a child may take over one report before it is killed and the report skipped.
+CHILD_TIMEOUT_S = 120.0
+_SUMMARY_OUTPUT_MAX = 1 << 20
 
 
 @dataclasses.dataclass(frozen=True)
 class _Summary:
-    """What the launcher needs of one report, computed once (off the loop for big ones)."""
+    """What the launcher needs of one report, computed once (in a child for big ones)."""
 
+    ranks: int
     fraction: float | None
     worst: tuple[int, float] | None
     gauges: dict[str, dict[int, float]]
 
 
-def _lowest_first(item: tuple[int, float]) -> tuple[bool, float, int]:
-    return math.isnan(item[1]), item[1], item[0]  # NaN (nothing comparable) last
-
-
-def _lowest(scores: dict[int, float], count: int) -> dict[int, float]:
-    if len(scores) <= count:
-        return scores
-    return dict(heapq.nsmallest(count, scores.items(), key=_lowest_first))
-
-
 def _summarise(scores: StragglerScores) -> _Summary:
     return _Summary(
+        ranks=len(scores.ranks),
         fraction=scores.wait_fraction(),
         worst=scores.worst("relative"),
-        gauges={kind: _lowest(scores.scores(kind), MAX_SCORE_GAUGES) for kind in _KINDS},
+        gauges={kind: lowest(scores.scores(kind)) for kind in KINDS},
     )
 
 
-class _Reader(threading.Thread):
-    """Reads and summarises one version of the file; the tick collects :attr:`result`."""
+def _from_child(out: dict[str, Any]) -> tuple[StragglerScores, _Summary]:
+    """The child's JSON as a report without its ranks and their summary; ValueError if bad."""
+    try:
+        scores = StragglerScores(
+            written_at=out["written_at"],
+            window_start=out["window_start"],
+            window_end=out["window_end"],
+            forward_section=out["forward_section"],
+            step_section=out["step_section"],
+        )
+        worst = out["worst"]
+        summary = _Summary(
+            ranks=int(out["ranks"]),
+            fraction=None if out["fraction"] is None else float(out["fraction"]),
+            worst=None if worst is None else (int(worst[0]), float(worst[1])),
+            gauges={
+                kind: {int(r): float(v) for r, v in out["gauges"][kind][:MAX_SCORE_GAUGES]}
+                for kind in KINDS
+            },
+        )
+    except (KeyError, TypeError, IndexError) as exc:
+        raise ValueError(f"the summary child's output is malformed: {exc!r}") from None
+    return scores, summary
+
+
+class _ChildReader:
+    """A child process that reads and summarises one version of the file."""
 
     def __init__(self, path: str, version: tuple[int, int, int]) -> None:
-        super().__init__(name="nvrx-straggler-feed", daemon=True)
-        self.path = path
         self.version = version
-        self.result: tuple[StragglerScores, _Summary] | BaseException | None = None
+        self.started = time.monotonic()
+        self.proc = subprocess.Popen(  # fixed argv: this interpreter, our module, the path
+            [sys.executable, "-m", "nvrx.launcher._straggler_summary", path],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            close_fds=True,
+        )
 
-    def run(self) -> None:
+    def done(self) -> bool:
+        if self.proc.poll() is not None:
+            return True
+        if time.monotonic() - self.started > CHILD_TIMEOUT_S:
+            self.stop()
+            return True
+        return False
+
+    def stop(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            self.proc.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=5)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+    def result(self) -> tuple[StragglerScores, _Summary] | BaseException:
+        """The summary, or why there is none (after :meth:`done`)."""
         try:
-            scores = read_straggler_scores(self.path)
-            self.result = (scores, _summarise(scores))
-        except BaseException as exc:  # handed to the tick, which logs it
-            self.result = exc
+            assert self.proc.stdout is not None
+            raw = self.proc.stdout.read(_SUMMARY_OUTPUT_MAX)
+            self.proc.stdout.close()
+            if not raw:
+                return ValueError(f"the summary child ended with {self.proc.returncode}")
+            out = json.loads(raw)
+            if not isinstance(out, dict):
+                return ValueError("the summary child's output is not an object")
+            error = out.get("error")
+            if isinstance(error, dict):
+                why = str(error.get("why"))[:2000]
+                return OSError(why) if error.get("kind") == "OSError" else ValueError(why)
+            return _from_child(out)
+        except (OSError, ValueError) as exc:
+            return exc
 
 
 class StragglerFeed:
@@ -119,7 +173,7 @@ class StragglerFeed:
         #: This cycle (number, Unix time it started) and the one before.
         self._cycle: tuple[int, float] | None = None
         self._previous_cycle: int | None = None
-        self._reader: _Reader | None = None
+        self._reader: _ChildReader | None = None
         # Summaries of the reports handed out, by identity (the newest few).
         self._summaries: dict[int, tuple[StragglerScores, _Summary]] = {}
 
@@ -131,7 +185,7 @@ class StragglerFeed:
             self._previous_cycle = self._cycle[0]
         self._cycle = (cycle, started_at)
         self._last_end = None
-        for kind in _KINDS:
+        for kind in KINDS:
             self._metrics.straggler_scores({}, kind)
 
     def _summary(self, scores: StragglerScores) -> _Summary:
@@ -150,12 +204,22 @@ class StragglerFeed:
         """The report's lowest scores as the ``nvrx_straggler_score`` gauges (the last
         report's only; at most :data:`MAX_SCORE_GAUGES` ranks per kind)."""
         gauges = self._summary(scores).gauges
-        for kind in _KINDS:
+        for kind in KINDS:
             self._metrics.straggler_scores(gauges[kind], kind)
 
     def worst(self, scores: StragglerScores) -> tuple[int, float] | None:
         """The rank with the lowest relative score and that score (computed once)."""
         return self._summary(scores).worst
+
+    def rank_count(self, scores: StragglerScores) -> int:
+        """How many ranks the report holds (a big one is handed out without them)."""
+        return self._summary(scores).ranks
+
+    def close(self) -> None:
+        """Stop a child still reading (the launcher is going)."""
+        if self._reader is not None:
+            self._reader.stop()
+            self._reader = None
 
     def cycle_of(self, scores: StragglerScores) -> int | None:
         """The cycle ``scores`` was written in: one written before this cycle started (read
@@ -173,21 +237,23 @@ class StragglerFeed:
         A big file being read by the helper thread is waited for up to ``wait_s``.
         """
         if self._reader is not None and wait_s > 0:
-            self._reader.join(wait_s)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._reader.proc.wait(timeout=wait_s)
         self._next = 0.0
         return self.poll()
 
     def poll(self) -> StragglerScores | None:
         """The new report if the file changed since the last look, else None; never raises.
 
-        A big file is read by a helper thread: this returns None then, and the report on
-        a later call, once read.
+        A big file is read by a child process: this returns None then, and the report
+        (without its ranks: :meth:`show`, :meth:`wait`, :meth:`worst` and
+        :meth:`rank_count` know them) on a later call, once read.
         """
         if self._reader is not None:
-            if self._reader.is_alive():
+            if not self._reader.done():
                 return None
             reader, self._reader = self._reader, None
-            return self._collect(reader)
+            return self._collect(reader.result(), reader.version)
         now = self._clock()
         if now < self._next:
             return None
@@ -203,32 +269,39 @@ class StragglerFeed:
         if version == self._seen:
             return None
         self._seen = version
-        reader = _Reader(self.path, version)
         if st.st_size > SYNC_READ_BYTES:
             try:
-                reader.start()
-            except RuntimeError as exc:  # no thread to be had: try again next period
+                self._reader = _ChildReader(self.path, version)
+            except OSError as exc:  # no process to be had: try again next period
                 self._seen = None
-                logger.debug("straggler scores: no reader thread: %r", exc)
-                return None
-            self._reader = reader
+                logger.debug("straggler scores: no reader process: %r", exc)
             return None
-        reader.run()  # small: here and now
-        return self._collect(reader)
+        try:  # small: here and now
+            scores = read_straggler_scores(self.path)
+            result: tuple[StragglerScores, _Summary] | BaseException = (
+                scores,
+                _summarise(scores),
+            )
+        except Exception as exc:
+            result = exc
+        return self._collect(result, version)
 
-    def _collect(self, reader: _Reader) -> StragglerScores | None:
-        result = reader.result
+    def _collect(
+        self,
+        result: tuple[StragglerScores, _Summary] | BaseException,
+        version: tuple[int, int, int],
+    ) -> StragglerScores | None:
         if isinstance(result, tuple):
             scores, summary = result
             self._remember(scores, summary)
             return scores
-        if result is None or isinstance(result, FileNotFoundError):
+        if isinstance(result, FileNotFoundError):
             return None  # replaced between stat and open: the next look reads it
         if isinstance(result, (OSError, ValueError)):
             why = result.strerror if isinstance(result, OSError) and result.strerror else None
-            self._ignore(why or str(result), reader.version)
+            self._ignore(why or str(result), version)
         elif isinstance(result, Exception):  # the launcher carries on whatever the file holds
-            self._ignore(f"{type(result).__name__}: {result}", reader.version)
+            self._ignore(f"{type(result).__name__}: {result}", version)
         else:  # KeyboardInterrupt, SystemExit, MemoryError...: not the file's fault
             logger.debug("straggler scores: reading stopped: %r", result)
         return None
