@@ -450,8 +450,9 @@ class FtAgent(LocalElasticAgent):
         """SIGKILL the process group of every worker still alive and reap it.
 
         The launcher's last resort on the way out (e.g. a second signal cut the
-        graceful stop short): no rank may outlive it.
+        graceful stop short): no rank may outlive it, nor a straggler-report reader.
         """
+        self._straggler.close()
         pc = compat.worker_processes(self)
         if pc is None:
             return
