@@ -433,7 +433,7 @@ class FtAgent(LocalElasticAgent):
         try:
             self._straggler.show(scores)
             wait = self._straggler.wait(scores)
-            worst = scores.worst("relative")
+            worst = self._straggler.worst(scores)
             self._recorder.record(
                 StragglerReported(
                     cycle=self._cycle.number if cycle is None else cycle,
@@ -443,7 +443,7 @@ class FtAgent(LocalElasticAgent):
                     wait_fraction=None if wait is None else wait.fraction,
                     forward_section=scores.forward_section,
                     step_section=scores.step_section,
-                    ranks=len(scores.ranks),
+                    ranks=self._straggler.rank_count(scores),
                     worst_rank=None if worst is None else worst[0],
                     worst_score=None if worst is None else worst[1],
                 )
@@ -468,8 +468,9 @@ class FtAgent(LocalElasticAgent):
         """SIGKILL the process group of every worker still alive and reap it.
 
         The launcher's last resort on the way out (e.g. a second signal cut the
-        graceful stop short): no rank may outlive it.
+        graceful stop short): no rank may outlive it, nor a straggler-report reader.
         """
+        self._straggler.close()
         pc = compat.worker_processes(self)
         if pc is None:
             return
