@@ -238,8 +238,8 @@ def test_megatron_bridge_straggler_report_by_rank(launch: Launch) -> None:
     assert last["stragglers"]["sections_relative"] == {section: [1]}
 
 
-#: State NVRx wrote in an earlier job (values above min_calculated_timeout, which they would
-#: otherwise be raised to).
+#: State NVRx wrote in an earlier job (values above the floor and below the configured
+#: 60 s, which they would otherwise be raised or capped to).
 NVRX_HEARTBEAT_STATE = {
     "current_timeouts": {
         "heartbeat": {"initial": 50.0, "subsequent": 40.0, "were_calculated": True}

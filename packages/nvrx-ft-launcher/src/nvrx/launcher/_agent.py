@@ -49,6 +49,7 @@ from ._cluster import ClusterOptions
 from ._coordination import Decision, JobCoordinator, JobState
 from ._culprit import CulpritFinding, RankEvidence, find_culprit
 from ._cycle_steps import CycleSteps
+from ._deterministic import FailureSignature, RankOutcome, cycle_signature, repeats
 from ._events import (
     AllNodesFinished,
     CheckpointRestored,
@@ -277,6 +278,8 @@ class FtAgent(LocalElasticAgent):
         self._coord: JobCoordinator | None = None
         self._state = JobState()
         self._cycle = _Cycle(number=0, started=time.time(), progress=None)  # wall clock: label
+        #: The last failed cycle's deterministic-looking failure (see ._deterministic).
+        self._last_signature: FailureSignature | None = None
         self._rank_pids = _RankPids()
         self._rendezvous_closed = False
         self._stopping = False
@@ -714,6 +717,7 @@ class FtAgent(LocalElasticAgent):
             return self._apply(requested[0], noticed, exclusion_requested=requested[1])
 
         result = self._monitor_workers(wg)
+        repeated_error: str | None = None
         if result.state == WorkerState.FAILED:
             if self._await_hang_evidence():
                 result = self._monitor_workers(wg)
@@ -725,7 +729,7 @@ class FtAgent(LocalElasticAgent):
             if finding is not None:
                 causes.insert(0, "hang: " + finding.sentence)
             causes.extend(self._describe_failures(result))
-            self._journal_failures(result)
+            repeated_error = self._repeated_error(self._journal_failures(result))
         elif result.state == WorkerState.UNKNOWN:
             causes.append("torch's check found the worker pids do not match its process context")
         elif result.state == WorkerState.UNHEALTHY:
@@ -738,8 +742,10 @@ class FtAgent(LocalElasticAgent):
             decision = coord.decide(cycle, self._decider(Trigger.EXCLUDE_REQUEST, reason))
             return self._apply(decision, noticed, exclusion_requested=True)
         if causes:
+            if result.state != WorkerState.FAILED:
+                self._last_signature = None  # a dead monitor: not a deterministic failure
             reason = f"on node {self._node}: " + "; ".join(causes)
-            decision = coord.decide(cycle, self._decider(Trigger.FAILURE, reason))
+            decision = coord.decide(cycle, self._decider(Trigger.FAILURE, reason, repeated_error))
             return self._apply(decision, noticed)
         if result.state == WorkerState.SUCCEEDED:
             return self._finish(result)
@@ -992,13 +998,31 @@ class FtAgent(LocalElasticAgent):
     def _journal_rejected(self, key: str, why: str) -> None:
         self._recorder.record(StoreValueIgnored(cycle=self._cycle.number, key=key, why=why))
 
-    def _journal_failures(self, result: RunResult) -> None:
+    def _repeated_error(self, outcomes: list[RankOutcome]) -> str | None:
+        """The one-line root cause when this cycle repeats the last one's deterministic
+        failure (before any rank's first step), else None; remembers this cycle's."""
+        signature = cycle_signature(outcomes, first_step_seen=bool(self._cycle.first_steps))
+        repeated = repeats(self._last_signature, signature)
+        self._last_signature = signature
+        return signature.describe() if repeated and signature is not None else None
+
+    def _journal_failures(self, result: RunResult) -> list[RankOutcome]:
         pc = compat.worker_processes(self)
         stderrs = pc.stderrs if pc is not None else {}
+        outcomes = []
         for global_rank, failure in sorted(result.failures.items()):
             event = self._cycle.terminated.get(failure.local_rank)
             code = failure.exitcode
             cause = root_cause(failure, stderrs.get(failure.local_rank))
+            outcomes.append(
+                RankOutcome(
+                    rank=global_rank,
+                    exitcode=code,
+                    terminated_by_monitor=event is not None,
+                    traceback=None if cause is None else cause.traceback,
+                    message=None if cause is None else cause.message,
+                )
+            )
             if cause is not None:
                 logger.error(
                     "root cause of rank %d (local rank %d) failing, from its %s:\n%s",
@@ -1022,10 +1046,13 @@ class FtAgent(LocalElasticAgent):
                     root_cause=None if cause is None else cause.to_json(),
                 )
             )
+        return outcomes
 
     # -- decisions (computed by the node that claims the cycle) ---------------------
 
-    def _decider(self, trigger: Trigger, reason: str) -> Callable[[JobState], Decision]:
+    def _decider(
+        self, trigger: Trigger, reason: str, repeated_error: str | None = None
+    ) -> Callable[[JobState], Decision]:
         """What the coordinator calls, with the job state, if this node wins the cycle."""
 
         def make(state: JobState) -> Decision:
@@ -1040,6 +1067,7 @@ class FtAgent(LocalElasticAgent):
                 node=self._node,
                 reason=reason,
                 progress=progress,
+                repeated_error=repeated_error,
             )
 
         return make

@@ -65,6 +65,8 @@ class LaunchOptions:
     progress_file: str | None = None
     #: What the launcher exits with when the progress rule stops the job (NVRx's option).
     no_restart_exit_code: int = int(ExitCode.NO_PROGRESS)
+    #: Stop (exit 6) on a failure repeated before the first step (--ft-stop-on-repeated-error).
+    stop_on_repeated_error: bool = True
     cycle_log: str | None = None
     journal: str | None = None
     #: The Prometheus endpoint's port (None: off; 0: any free port) and bind address.
@@ -232,6 +234,7 @@ def launch(options: LaunchOptions, monitors: MonitorSupervisor | None = None) ->
         max_no_progress_restarts=options.max_no_progress_restarts,
         min_progress_iterations=options.min_progress_iterations,
         progress_file=options.progress_file,
+        stop_on_repeated_error=options.stop_on_repeated_error,
     )
     # The one writer of the journal; the cycle log is derived from it (a launcher that
     # ends outside any cycle gets its final "stop" from the Finished event).

@@ -341,6 +341,15 @@ def _add_restart_options(parser: argparse.ArgumentParser) -> None:
         "last checkpoint; read at each restart decision (default: "
         "checkpoint_iteration_file of --ft-cfg-path)",
     )
+    restart.add_argument(  # issue 27 item 5 (ft27)
+        "--ft-stop-on-repeated-error",
+        dest="ft_stop_on_repeated_error",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="stop with exit code 6 when two cycles in a row fail before their first step "
+        "with the same exception at the same source line (--ft-no-stop-on-repeated-error: "
+        "restart anyway); communication, device and killed or hung ranks never count",
+    )
     restart.add_argument(
         "--ft-no-restart-exit-code",
         "--ft-no_restart_exit_code",
@@ -653,6 +662,7 @@ def _options(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Launc
         min_progress_iterations=args.ft_min_progress_iterations,
         progress_file=args.ft_progress_file,
         no_restart_exit_code=args.ft_no_restart_exit_code,
+        stop_on_repeated_error=args.ft_stop_on_repeated_error,
         cycle_log=args.ft_cycle_log,
         metrics_port=args.ft_metrics_port,
         metrics_addr=args.ft_metrics_addr,
