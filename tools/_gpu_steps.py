@@ -510,7 +510,7 @@ def step_launcher(figures: Figures, budget: float) -> None:
         figures["nccl_two_ranks_one_gpu"] = why
         backend = "nccl" if ok else "gloo"
     figures["backend"] = backend
-    per_run = max(30.0, (budget - 50) / 2)
+    per_run = max(30.0, (budget - 40) / 2)  # the NCCL probe, then two runs
     with tempfile.TemporaryDirectory(prefix="gpu_check_launcher-") as tmp:
         for name, warm in (("cold", False), ("warm", True)):
             got = _launcher_run(name, backend, warm, pathlib.Path(tmp), per_run)

@@ -115,7 +115,7 @@ STEPS: list[Step] = [
     Step("straggler", 60, "CUPTI kernel timing and section scores around real kernels"),
     Step("cuda_events", 30, "cuda_event_timing GPU times against host times, async section"),
     Step("nvml_reclaim", 60, "NVML health checks; memory reclaim after a killed holder"),
-    Step("launcher", 150, "ft_launcher, 2 ranks on the GPU: SIGKILL/SIGSTOP, cold and warm"),
+    Step("launcher", 180, "ft_launcher, 2 ranks on the GPU: SIGKILL/SIGSTOP, cold and warm"),
     Step("local_ckpt", 45, "local checkpoint save cost per step and restore, GPU state"),
     Step("gpu_tests", 200, "every test marked gpu (nox -s gpu_tests)"),
 ]

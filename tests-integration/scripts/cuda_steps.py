@@ -4,8 +4,9 @@
 Like ``ddp_steps.py``, but every rank works on CUDA tensors: each step multiplies a
 matrix on the GPU, all-reduces ``step * (rank + 1)`` as a CUDA tensor (heartbeating
 while it waits for the peers), adds the result to a running total and journals the
-step. Rank 0 checkpoints ``(step, total)`` every ``--checkpoint-every`` steps; every
-attempt resumes from the checkpoint, so ``assert_every_step_once`` applies.
+step. Every ``--checkpoint-every`` steps, once every rank has journalled the step (one
+more all-reduce), rank 0 checkpoints ``(step, total)``; every attempt resumes from the
+checkpoint, so ``assert_every_step_once`` applies.
 
 ``--backend``: ``nccl``, ``gloo`` (gloo's CUDA all-reduce) or ``auto`` (the default):
 NCCL where each local rank has a GPU of its own, else gloo, since NCCL refuses two
@@ -47,6 +48,17 @@ def choose_backend(asked: str, local_world: int, gpus: int) -> str:
     if asked != "auto":
         return asked
     return "nccl" if gpus >= local_world else "gloo"
+
+
+def all_reduce_alive(value: torch.Tensor, client: RankMonitorClient) -> None:
+    """All-reduce ``value``, heartbeating while a peer keeps us waiting, so only the
+    faulty rank's monitor acts."""
+    work = dist.all_reduce(value, async_op=True)
+    assert work is not None
+    while not work.is_completed():
+        client.send_heartbeat()
+        time.sleep(0.005)
+    work.wait()
 
 
 def main() -> int:
@@ -107,21 +119,21 @@ def main() -> int:
             os.kill(os.getpid(), signal.SIGKILL if faults[step] == "sigkill" else signal.SIGSTOP)
         product = weights @ weights
         value = torch.tensor([step * (rank + 1)], dtype=torch.int64, device=device)
-        work = dist.all_reduce(value, async_op=True)
-        assert work is not None
-        while not work.is_completed():
-            client.send_heartbeat()
-            time.sleep(0.005)
-        work.wait()
+        all_reduce_alive(value, client)
         total += int(value.item())  # .item() waits for the GPU
         del product
         time.sleep(args.step_time)
         client.send_heartbeat()
         journal.record("step", step=step, total=total, on=str(value.device))
-        if step % args.checkpoint_every == 0 and rank == 0:
-            write_atomic(checkpoint, json.dumps({"step": step, "total": total}))
-            write_atomic(out / "progress", f"{step}\n")
-            journal.record("checkpoint", step=step)
+        if step % args.checkpoint_every == 0:
+            # Every rank has journalled this step before rank 0 saves it: a rank killed
+            # between its all-reduce and its journal line leaves no checkpoint holding a
+            # step it never recorded.
+            all_reduce_alive(torch.ones(1, device=device), client)
+            if rank == 0:
+                write_atomic(checkpoint, json.dumps({"step": step, "total": total}))
+                write_atomic(out / "progress", f"{step}\n")
+                journal.record("checkpoint", step=step)
 
     dist.barrier()
     journal.record("done", step=step, total=total)
