@@ -318,6 +318,12 @@ NAMES: tuple[Name, ...] = (
         "console script ft_launcher in both",
     ),
     Name(
+        f"{_FT}.launcher.get_args_parser",
+        "nvrx.launcher.get_args_parser",
+        Status.SAME,
+        "ft_launcher's parser: torchrun's options and the launcher's",
+    ),
+    Name(
         f"{_FT}.launcher.LaunchConfig",
         None,
         Status.NOT_PROVIDED,
@@ -879,9 +885,14 @@ FIELDS: tuple[Field, ...] = (
           "cause, exit codes and goodput; read them with nvrx.ft.read_cycle_info"),
     Field("segment_health_check_dir", MISSING, None, None, Status.ACCEPTED, "/tmp/segments",
           "no segment health artifacts here"),
-    Field("min_calculated_timeout", MISSING, MISSING, 30.0, Status.ADDED, "none",
-          "floor on calculated timeouts, so a short run does not set timeouts a checkpoint or a "
-          "GC pause would exceed; none removes it"),
+    Field("min_calculated_timeout", MISSING, MISSING, None, Status.ADDED, "10",
+          "floor on calculated and learned timeouts; none: 20 x workload_check_interval, at "
+          "least 2 s (below NVRx's 5 s check granularity)"),
+    Field("learn_timeouts", MISSING, MISSING, None, Status.ADDED, "false",
+          "timeouts learned within the job when timeouts are calculated; false keeps NVRx's "
+          "behaviour (timeouts change only at calculate_and_set_*)"),
+    Field("learn_min_steps", MISSING, MISSING, 16, Status.ADDED, "100",
+          "steps after the warmup iterations before learned timeouts are active"),
     Field("rank_termination_grace_period", MISSING, MISSING, 5.0, Status.ADDED, "5",
           "seconds between the termination signal and SIGKILL"),
     Field("stack_dump_signal", MISSING, MISSING, signal.SIGUSR2, Status.ADDED, "none",
@@ -1259,9 +1270,32 @@ def _termination() -> object:
 
 def _floor() -> object:
     from nvrx.ft import FaultToleranceConfig
+    from nvrx.ft._learning import automatic_floor, cap_and_floor
 
-    lowered = FaultToleranceConfig.from_kwargs(min_calculated_timeout="none")
-    return (FaultToleranceConfig().min_calculated_timeout, lowered.min_calculated_timeout)
+    cfg = FaultToleranceConfig()
+    floor = automatic_floor(cfg.workload_check_interval)
+    # A tiny calculated value is raised to the floor; a large one is capped at the
+    # configured timeout.
+    return (
+        cfg.min_calculated_timeout,
+        floor,
+        cap_and_floor(0.5, 300.0, floor),
+        cap_and_floor(100.0, 30.0, floor),
+    )
+
+
+def _learned() -> object:
+    from nvrx.ft import FaultToleranceConfig
+    from nvrx.ft._learning import automatic_floor, learned_timeout
+
+    cfg = FaultToleranceConfig()
+    floor = automatic_floor(cfg.workload_check_interval)
+    # NeMo's 300 s heartbeat timeout and a 1 s step: 5 s once learned.
+    return (
+        cfg.learn_timeouts,
+        cfg.learn_min_steps,
+        learned_timeout(1.0, 300.0, cfg.safety_factor, floor),
+    )
 
 
 def _nic_yaml_value_stands() -> object:
@@ -1503,11 +1537,21 @@ BEHAVIOURS: tuple[Behaviour, ...] = (
     Behaviour(
         "floor on calculated timeouts",
         "none (5 x the longest interval seen)",
-        "30 s (min_calculated_timeout); lower it with min_calculated_timeout: null in "
-        "YAML or --ft-min-calculated-timeout=none (or a smaller number)",
-        "a short run's intervals would give timeouts a checkpoint or a GC pause exceeds",
+        "20 x workload_check_interval, at least 2 s (min_calculated_timeout sets a "
+        "larger one); and never above the configured timeout",
+        "our monitor acts when a timeout falls due, NVRx every 5 s: a 2 s floor is never "
+        "slower; a measured value only tightens what was configured",
         _floor,
-        (30.0, None),
+        (None, 2.0, 2.0, 30.0),
+    ),
+    Behaviour(
+        "timeouts during a job's first run (calculate_timeouts=True)",
+        "the configured ones until calculate_and_set_* is called (at the end of the job)",
+        "learned within the job: safety_factor x the longest interval seen, after warmup "
+        "+ 16 steps and a first save and validation; learn_timeouts: false keeps NVRx's",
+        "a first run detects a hung 1 s step in about 5 s, not after 300-2700 s",
+        _learned,
+        (None, 16, 5.0),
     ),
     Behaviour(
         "--ft-enable-nic-monitor not given",
@@ -1536,14 +1580,14 @@ BEHAVIOURS: tuple[Behaviour, ...] = (
     Behaviour(
         "logger of the Lightning callbacks' records (logger_name default)",
         "nemo_logger.<callback class name>",
-        "nvrx.ptl.<callback class name>; pass logger_name='nemo_logger.<callback class "
-        "name>' to keep NeMo's logger names",
-        "outside NeMo the records belong under nvrx's logger tree; the keyword is NVRx's",
+        "same: nemo_logger.FaultToleranceCallback (both FT callbacks) and "
+        "nemo_logger.StragglerDetectionCallback; logger_name overrides",
+        "NeMo's handlers and tests read these loggers",
         _logger_names,
         (
-            "nvrx.ptl.FaultToleranceCallback",
-            "nvrx.ptl.FaultToleranceSectionsCallback",
-            "nvrx.ptl.StragglerDetectionCallback",
+            "nemo_logger.FaultToleranceCallback",
+            "nemo_logger.FaultToleranceCallback",
+            "nemo_logger.StragglerDetectionCallback",
         ),
     ),
     Behaviour(
