@@ -2,7 +2,7 @@
 
 Each test is a real ``ft_launcher`` run on CPU (gloo, 2 ranks) written from what NeMo,
 NeMo-Run, NeMo-Framework-Launcher, Megatron-LM and Megatron-Bridge document they pass
-to NVRx (see ``../shared/spec/reference/downstream-usage.md``): their launch lines,
+to NVRx (the NeMo and Megatron rows of ``nvrx_surface.py``): their launch lines,
 a whole NeMo job YAML, their constructor keywords, their section names and FT state
 files. Each asserts the outcome NVRx gives. The scripts are ours (``scripts/``), not
 copies of those projects' code.
@@ -238,8 +238,8 @@ def test_megatron_bridge_straggler_report_by_rank(launch: Launch) -> None:
     assert last["stragglers"]["sections_relative"] == {section: [1]}
 
 
-#: State NVRx wrote in an earlier job (values above min_calculated_timeout, which they would
-#: otherwise be raised to).
+#: State NVRx wrote in an earlier job (values above the floor and below the configured
+#: 60 s, which they would otherwise be raised or capped to).
 NVRX_HEARTBEAT_STATE = {
     "current_timeouts": {
         "heartbeat": {"initial": 50.0, "subsequent": 40.0, "were_calculated": True}

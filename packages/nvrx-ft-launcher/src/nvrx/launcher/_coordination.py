@@ -98,6 +98,7 @@ class StopCause(str, enum.Enum):
 
     RESTARTS_EXHAUSTED = "restarts_exhausted"
     NO_PROGRESS = "no_progress"
+    DETERMINISTIC_FAILURE = "deterministic_failure"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,6 +143,8 @@ class Decision:
             return int(ExitCode.NO_PROGRESS)
         if self.stop_cause is StopCause.RESTARTS_EXHAUSTED:
             return int(ExitCode.RESTARTS_EXHAUSTED)
+        if self.stop_cause is StopCause.DETERMINISTIC_FAILURE:
+            return int(ExitCode.DETERMINISTIC_FAILURE)
         return 0
 
     def to_json(self) -> str:

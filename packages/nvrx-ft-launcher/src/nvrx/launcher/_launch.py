@@ -36,6 +36,7 @@ from ._agent import FtAgent, LauncherExit, RestartPolicy
 from ._cluster import ClusterOptions
 from ._events import Finished, Recorder, RunStarted
 from ._exec_shim import shim_args
+from ._local_ckpt import SPARE_PRELOAD, LocalCkptOptions, NodeDirectory
 from ._monitors import MonitorSupervisor
 from ._numa import NumaPlan, machine_plan, wrap_command
 from ._rendezvous import tune_rendezvous
@@ -64,6 +65,8 @@ class LaunchOptions:
     progress_file: str | None = None
     #: What the launcher exits with when the progress rule stops the job (NVRx's option).
     no_restart_exit_code: int = int(ExitCode.NO_PROGRESS)
+    #: Stop (exit 6) on a failure repeated before the first step (--ft-stop-on-repeated-error).
+    stop_on_repeated_error: bool = True
     cycle_log: str | None = None
     journal: str | None = None
     #: The Prometheus endpoint's port (None: off; 0: any free port) and bind address.
@@ -73,6 +76,10 @@ class LaunchOptions:
     warm_spare_preload: tuple[str, ...] = DEFAULT_PRELOAD
     #: Health checks, GPU memory wait, NUMA, cycle info, per-cycle logs (issue 17).
     cluster: ClusterOptions = dataclasses.field(default_factory=ClusterOptions)
+    #: --local-ckpt-*: where the node's local snapshots live and how the ranks save them.
+    local_ckpt: LocalCkptOptions = dataclasses.field(
+        default_factory=lambda: LocalCkptOptions(base=None)
+    )
 
 
 def _raise_signal(signum: int, frame: FrameType | None) -> None:
@@ -184,7 +191,21 @@ def _spare_pool(options: LaunchOptions, numa: NumaPlan | None = None) -> SparePo
             options.command,
         )
         return None
-    return SparePool(command, options.warm_spare_preload, options.config.nproc_per_node)
+    preload = options.warm_spare_preload
+    if options.local_ckpt.base is not None and SPARE_PRELOAD not in preload:
+        preload = (*preload, SPARE_PRELOAD)  # a spare restores without importing it
+    return SparePool(command, preload, options.config.nproc_per_node)
+
+
+def _node_directory(options: LaunchOptions) -> NodeDirectory | None:
+    """This node's local checkpoint directory for the job (None: off)."""
+    try:
+        return NodeDirectory.create(options.local_ckpt, options.config.run_id)
+    except (OSError, ValueError) as exc:
+        raise LauncherExit(
+            int(ExitCode.USAGE_ERROR),
+            f"--local-ckpt-dir {options.local_ckpt.base}: cannot make this node's directory: {exc}",
+        ) from None
 
 
 def launch(options: LaunchOptions, monitors: MonitorSupervisor | None = None) -> int:
@@ -213,6 +234,7 @@ def launch(options: LaunchOptions, monitors: MonitorSupervisor | None = None) ->
         max_no_progress_restarts=options.max_no_progress_restarts,
         min_progress_iterations=options.min_progress_iterations,
         progress_file=options.progress_file,
+        stop_on_repeated_error=options.stop_on_repeated_error,
     )
     # The one writer of the journal; the cycle log is derived from it (a launcher that
     # ends outside any cycle gets its final "stop" from the Finished event).
@@ -224,9 +246,11 @@ def launch(options: LaunchOptions, monitors: MonitorSupervisor | None = None) ->
     numa = _numa_plan(options)
     spares = _spare_pool(options, numa)
     server: metrics.MetricsServer | None = None
+    node_dir: NodeDirectory | None = None
     try:
         handled = _install_signal_handlers(config.signals_to_handle)
         server = _metrics_server(options)
+        node_dir = _node_directory(options)
         if monitors is None:
             monitors = MonitorSupervisor(
                 options.ft_config,
@@ -250,6 +274,8 @@ def launch(options: LaunchOptions, monitors: MonitorSupervisor | None = None) ->
             metrics=metrics.NULL_RECORDER if server is None else server.recorder,
             cluster=options.cluster,
             numa=numa,
+            local_ckpt_dir=None if node_dir is None else node_dir.path,
+            multi_node=config.max_nodes > 1,
         )
         recorder.record(
             RunStarted(
@@ -295,6 +321,8 @@ def launch(options: LaunchOptions, monitors: MonitorSupervisor | None = None) ->
             spares.close()
         if monitors is not None:
             monitors.close()
+        if node_dir is not None:  # a failed job's is left (the next launcher removes it)
+            node_dir.close(succeeded=code == ExitCode.SUCCESS)
         recorder.record(Finished(exit_code=int(code), reason=reason))
         if server is not None:
             server.close()

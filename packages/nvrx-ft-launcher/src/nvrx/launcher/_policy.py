@@ -12,6 +12,9 @@ The rules, in order:
 - a rank asked to shut the workload down: shut down (exit 4), whatever the budget;
 - a rank asked to exclude its node, or new nodes wait to join: restart without charging
   the budget (the excluded node leaves, exit 3);
+- a failure that repeats the previous cycle's deterministic failure (the same exception
+  at the same source line before the first step, see :mod:`._deterministic`), unless
+  ``stop_on_repeated_error`` is off: stop (exit 6), whatever the budget;
 - a failure with the budget spent: stop (exit 1);
 - a failure after ``max_no_progress_restarts`` charged restarts in a row that did not
   move the progress marker by ``min_progress_iterations``: stop (exit 93);
@@ -39,6 +42,8 @@ class RestartPolicy:
     min_progress_iterations: int
     progress_file: str | None = None
     exit_barrier_timeout: float = 300.0
+    #: Stop when two consecutive cycles fail deterministically (see ._deterministic).
+    stop_on_repeated_error: bool = True
 
     @property
     def tracks_progress(self) -> bool:
@@ -102,14 +107,29 @@ def decide(
     node: str,
     reason: str,
     progress: Progress = Progress(),
+    repeated_error: str | None = None,
 ) -> Decision:
-    """The decision for the cycle ``state.cycle``, decided by ``node``; see the module doc."""
+    """The decision for the cycle ``state.cycle``, decided by ``node``; see the module doc.
+
+    ``repeated_error``: the one-line root cause when this cycle's failure repeats the
+    previous cycle's deterministic failure (:func:`._deterministic.repeats`), else None.
+    """
     if trigger is Trigger.SHUTDOWN_REQUEST:
         return Decision(Action.SHUTDOWN, reason, node, state)
     if trigger is not Trigger.FAILURE:
         excluded = node if trigger is Trigger.EXCLUDE_REQUEST else None
         after = dataclasses.replace(state, cycle=state.cycle + 1)
         return Decision(Action.RESTART, reason, node, after, excluded_node=excluded)
+    if repeated_error is not None and policy.stop_on_repeated_error:
+        return Decision(
+            Action.STOP,
+            f"{reason}; deterministic failure, the same in two cycles in a row before their "
+            f"first step: {repeated_error} (restarting cannot help; "
+            "--ft-no-stop-on-repeated-error restarts anyway)",
+            node,
+            state,
+            StopCause.DETERMINISTIC_FAILURE,
+        )
     if state.charged >= policy.max_restarts:
         return Decision(
             Action.STOP,

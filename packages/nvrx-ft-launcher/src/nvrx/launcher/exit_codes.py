@@ -30,6 +30,10 @@ class ExitCode(enum.IntEnum):
     WORKLOAD_SHUTDOWN = 4
     #: The launcher itself failed (rendezvous timed out or closed, store lost, ...).
     LAUNCHER_ERROR = 5
+    #: Two consecutive cycles failed before their first step with the same exception
+    #: at the same source line: restarting cannot help (--ft-no-stop-on-repeated-error
+    #: turns the rule off).
+    DETERMINISTIC_FAILURE = 6
     #: Ranks crashed again and again without making progress (the progress rule).
     NO_PROGRESS = 93
 
@@ -42,6 +46,8 @@ _DESCRIPTIONS = {
     "health check failed, or its segment lost a node)",
     ExitCode.WORKLOAD_SHUTDOWN: "a rank asked to shut the workload down",
     ExitCode.LAUNCHER_ERROR: "the launcher failed (rendezvous timeout or closed, store lost)",
+    ExitCode.DETERMINISTIC_FAILURE: "two cycles in a row failed before their first step "
+    "with the same exception at the same line (a bug or missing file, not the node)",
     ExitCode.NO_PROGRESS: "ranks kept failing without progress (progress rule)",
 }
 
