@@ -392,23 +392,26 @@ def run_ranks(
     return proc.returncode, out
 
 
-def test_ddp_job_restarted_by_ft_launcher_resumes_from_the_launcher_env(
+def test_ddp_job_restarted_by_ft_launcher_resumes_from_a_local_snapshot(
     tmp_path: pathlib.Path, procs: Procs, unfaulted: dict[str, Any]
 ) -> None:
-    """The environment ft_launcher gives, set by hand: the script has no path logic.
+    """ft_launcher's --local-ckpt-* options; the script has no path logic at all.
 
     Two DDP ranks (gloo) see identical data, so their weights equal the single-process
     run's; rank 1 is SIGKILLed after step 7's snapshot and ft_launcher restarts both.
     (torch's own launcher cannot restart a Lightning DDP job here: the restarted ranks
     read the dead ranks' gloo addresses from the reused store.)
     """
-    env = {
-        "NVRX_LOCAL_CKPT_DIR": str(tmp_path / "node"),
-        "NVRX_LOCAL_CKPT_JOB": "test-job",
-        "NVRX_LOCAL_CKPT_EVERY_N_STEPS": "1",
-    }
+    base = tmp_path / "shm"
+    base.mkdir()
     cfg = {"max_steps": 12, "kill_at": 7, "kill_rank": 1}
-    rc, out = run_ranks(procs, cfg, ["-m", "nvrx.launcher"], env)
+    launcher = [
+        "-m",
+        "nvrx.launcher",
+        f"--local-ckpt-dir={base}",
+        "--local-ckpt-every-n-steps=1",
+    ]
+    rc, out = run_ranks(procs, cfg, launcher, {})
     assert rc == 0, out
     starts = {r["rank"]: r for r in records(out, "START")}
     results = {r["rank"]: r for r in records(out, "RESULT")}
@@ -422,3 +425,5 @@ def test_ddp_job_restarted_by_ft_launcher_resumes_from_the_launcher_env(
         assert got["global_step"] == unfaulted["global_step"]
         assert got["params"] == unfaulted["params"], f"rank {rank}"
         assert got["opt_state"] == unfaulted["opt_state"], f"rank {rank}"
+    # the launcher removed the job's snapshots when it ended successfully
+    assert not [p for p in base.rglob("*") if p.is_file()], list(base.rglob("*"))
