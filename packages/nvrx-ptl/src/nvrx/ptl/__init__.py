@@ -10,7 +10,7 @@ import importlib
 from importlib.metadata import version as _version
 from typing import TYPE_CHECKING, Any
 
-from ._local_ckpt_codec import LOCAL_CKPT_OPTS_KEY
+from ._local_ckpt_options import LOCAL_CKPT_OPTS_KEY
 from .simulated_fault import SimulatedFaultParams
 
 if TYPE_CHECKING:

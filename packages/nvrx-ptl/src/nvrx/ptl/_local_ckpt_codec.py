@@ -23,10 +23,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["LOCAL_CKPT_OPTS_KEY", "decode", "encode"]
-
-LOCAL_CKPT_OPTS_KEY = "local_checkpoint_options"
-"""The ``storage_options`` key that marks a save as a local snapshot (NVRx's name and value)."""
+__all__ = ["decode", "encode"]
 
 _TAG = "__nvrx__"
 _logger = logging.getLogger("nvrx.ptl.local_checkpoint")

@@ -51,7 +51,8 @@ from nvrx.ft.checkpointing.local.ckpt_managers.base_manager import (
 )
 
 from ._compat import LightningModule, Trainer, lightning_module
-from ._local_ckpt_codec import LOCAL_CKPT_OPTS_KEY, decode, encode
+from ._local_ckpt_codec import decode, encode
+from ._local_ckpt_options import LOCAL_CKPT_OPTS_KEY
 
 if TYPE_CHECKING:
     from lightning.fabric.plugins import CheckpointIO
