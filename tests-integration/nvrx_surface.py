@@ -577,9 +577,43 @@ NAMES: tuple[Name, ...] = (
     ),
     Name(
         f"{_PTL}.local_checkpoint_callback",
-        None,
-        Status.NOT_PROVIDED,
-        "local checkpointing is not part of nvrx",
+        "nvrx.ptl.local_checkpoint_callback",
+        Status.SAME,
+        "also exported from nvrx.ptl; no DeprecationWarning at import",
+        ("LocalCheckpointCallback", "HierarchicalCheckpointIO", "LOCAL_CKPT_OPTS_KEY"),
+    ),
+    Name(
+        f"{_PTL}.local_checkpoint_callback.LocalCheckpointCallback",
+        "nvrx.ptl.local_checkpoint_callback.LocalCheckpointCallback",
+        Status.SAME,
+        "a ModelCheckpoint that saves only local snapshots; nvrx adds resume_without_path "
+        "and takes its interval from ft_launcher when given none",
+        ("every_n_train_steps", "train_time_interval"),
+    ),
+    Name(
+        f"{_PTL}.local_checkpoint_callback.HierarchicalCheckpointIO",
+        "nvrx.ptl.local_checkpoint_callback.HierarchicalCheckpointIO",
+        Status.SAME,
+        "loads the local snapshot when it is as new as the global checkpoint or newer; "
+        "to_tensor_aware_state_dict has a default (no pickle) where NVRx's is abstract",
+        (
+            "wrapped_checkpoint_io",
+            "local_ckpt_manager",
+            "get_global_ckpt_iteration_fn",
+            "async_save",
+            "save_checkpoint",
+            "load_checkpoint",
+            "remove_checkpoint",
+            "get_partial_wrapper_constructor",
+            "to_tensor_aware_state_dict",
+            "from_tensor_aware_state_dict",
+        ),
+    ),
+    Name(
+        f"{_PTL}.local_checkpoint_callback.LOCAL_CKPT_OPTS_KEY",
+        "nvrx.ptl.local_checkpoint_callback.LOCAL_CKPT_OPTS_KEY",
+        Status.SAME,
+        "'local_checkpoint_options', also nvrx.ptl.LOCAL_CKPT_OPTS_KEY",
     ),
     # local checkpoints (nvrx.ft.checkpointing.local; see docs/guides/local-checkpoints.md)
     Name(
@@ -851,9 +885,14 @@ FIELDS: tuple[Field, ...] = (
           "cause, exit codes and goodput; read them with nvrx.ft.read_cycle_info"),
     Field("segment_health_check_dir", MISSING, None, None, Status.ACCEPTED, "/tmp/segments",
           "no segment health artifacts here"),
-    Field("min_calculated_timeout", MISSING, MISSING, 30.0, Status.ADDED, "none",
-          "floor on calculated timeouts, so a short run does not set timeouts a checkpoint or a "
-          "GC pause would exceed; none removes it"),
+    Field("min_calculated_timeout", MISSING, MISSING, None, Status.ADDED, "10",
+          "floor on calculated and learned timeouts; none: 20 x workload_check_interval, at "
+          "least 2 s (below NVRx's 5 s check granularity)"),
+    Field("learn_timeouts", MISSING, MISSING, None, Status.ADDED, "false",
+          "timeouts learned within the job when timeouts are calculated; false keeps NVRx's "
+          "behaviour (timeouts change only at calculate_and_set_*)"),
+    Field("learn_min_steps", MISSING, MISSING, 16, Status.ADDED, "100",
+          "steps after the warmup iterations before learned timeouts are active"),
     Field("rank_termination_grace_period", MISSING, MISSING, 5.0, Status.ADDED, "5",
           "seconds between the termination signal and SIGKILL"),
     Field("stack_dump_signal", MISSING, MISSING, signal.SIGUSR2, Status.ADDED, "none",
@@ -1231,9 +1270,32 @@ def _termination() -> object:
 
 def _floor() -> object:
     from nvrx.ft import FaultToleranceConfig
+    from nvrx.ft._learning import automatic_floor, cap_and_floor
 
-    lowered = FaultToleranceConfig.from_kwargs(min_calculated_timeout="none")
-    return (FaultToleranceConfig().min_calculated_timeout, lowered.min_calculated_timeout)
+    cfg = FaultToleranceConfig()
+    floor = automatic_floor(cfg.workload_check_interval)
+    # A tiny calculated value is raised to the floor; a large one is capped at the
+    # configured timeout.
+    return (
+        cfg.min_calculated_timeout,
+        floor,
+        cap_and_floor(0.5, 300.0, floor),
+        cap_and_floor(100.0, 30.0, floor),
+    )
+
+
+def _learned() -> object:
+    from nvrx.ft import FaultToleranceConfig
+    from nvrx.ft._learning import automatic_floor, learned_timeout
+
+    cfg = FaultToleranceConfig()
+    floor = automatic_floor(cfg.workload_check_interval)
+    # NeMo's 300 s heartbeat timeout and a 1 s step: 5 s once learned.
+    return (
+        cfg.learn_timeouts,
+        cfg.learn_min_steps,
+        learned_timeout(1.0, 300.0, cfg.safety_factor, floor),
+    )
 
 
 def _nic_yaml_value_stands() -> object:
@@ -1276,6 +1338,14 @@ def _logger_names() -> object:
             StragglerDetectionCallback,
         )
     )
+
+
+def _ptl_local_default(param: str) -> object:
+    import inspect
+
+    from nvrx.ptl import LocalCheckpointCallback
+
+    return inspect.signature(LocalCheckpointCallback).parameters[param].default
 
 
 def _socket_env() -> object:
@@ -1467,11 +1537,21 @@ BEHAVIOURS: tuple[Behaviour, ...] = (
     Behaviour(
         "floor on calculated timeouts",
         "none (5 x the longest interval seen)",
-        "30 s (min_calculated_timeout); lower it with min_calculated_timeout: null in "
-        "YAML or --ft-min-calculated-timeout=none (or a smaller number)",
-        "a short run's intervals would give timeouts a checkpoint or a GC pause exceeds",
+        "20 x workload_check_interval, at least 2 s (min_calculated_timeout sets a "
+        "larger one); and never above the configured timeout",
+        "our monitor acts when a timeout falls due, NVRx every 5 s: a 2 s floor is never "
+        "slower; a measured value only tightens what was configured",
         _floor,
-        (30.0, None),
+        (None, 2.0, 2.0, 30.0),
+    ),
+    Behaviour(
+        "timeouts during a job's first run (calculate_timeouts=True)",
+        "the configured ones until calculate_and_set_* is called (at the end of the job)",
+        "learned within the job: safety_factor x the longest interval seen, after warmup "
+        "+ 16 steps and a first save and validation; learn_timeouts: false keeps NVRx's",
+        "a first run detects a hung 1 s step in about 5 s, not after 300-2700 s",
+        _learned,
+        (None, 16, 5.0),
     ),
     Behaviour(
         "--ft-enable-nic-monitor not given",
@@ -1500,14 +1580,14 @@ BEHAVIOURS: tuple[Behaviour, ...] = (
     Behaviour(
         "logger of the Lightning callbacks' records (logger_name default)",
         "nemo_logger.<callback class name>",
-        "nvrx.ptl.<callback class name>; pass logger_name='nemo_logger.<callback class "
-        "name>' to keep NeMo's logger names",
-        "outside NeMo the records belong under nvrx's logger tree; the keyword is NVRx's",
+        "same: nemo_logger.FaultToleranceCallback (both FT callbacks) and "
+        "nemo_logger.StragglerDetectionCallback; logger_name overrides",
+        "NeMo's handlers and tests read these loggers",
         _logger_names,
         (
-            "nvrx.ptl.FaultToleranceCallback",
-            "nvrx.ptl.FaultToleranceSectionsCallback",
-            "nvrx.ptl.StragglerDetectionCallback",
+            "nemo_logger.FaultToleranceCallback",
+            "nemo_logger.FaultToleranceCallback",
+            "nemo_logger.StragglerDetectionCallback",
         ),
     ),
     Behaviour(
@@ -1622,6 +1702,30 @@ BEHAVIOURS: tuple[Behaviour, ...] = (
         "LocalCheckpoints.save skips with one warning and training goes on; "
         "LocalCheckpointManager raises at finalize like NVRx; the previous snapshot stays",
         "a failed save must not cost the last good snapshot",
+    ),
+    Behaviour(
+        "Lightning fit started without ckpt_path while a local snapshot exists",
+        "starts from scratch (Lightning never asks the CheckpointIO)",
+        "resumes from the newest local snapshot (LocalCheckpointCallback(resume_without_path="
+        "False) restores NVRx's outcome); trainer.ckpt_path reads nvrx-local-snapshot:<N>",
+        "a job restarted by ft_launcher resumes with no path logic in the script",
+        probe=lambda: _ptl_local_default("resume_without_path"),
+        expect=True,
+    ),
+    Behaviour(
+        "LocalCheckpointCallback on the plain strategies (single device, DDP)",
+        "trainer.save_checkpoint: rank 0 alone calls the CheckpointIO, so the other ranks "
+        "never save and a collective manager hangs",
+        "every rank hands its own checkpoint to the HierarchicalCheckpointIO; strategies "
+        "that override save_checkpoint (NeMo's MegatronStrategy) are called as in NVRx",
+        "a snapshot is usable only when every rank has one",
+    ),
+    Behaviour(
+        "LocalCheckpointCallback: a local snapshot save fails or an object cannot be stored",
+        "the exception ends the training",
+        "one warning and training goes on; an object that is neither a tensor nor a plain "
+        "value is stored as None and named in a warning (never pickled)",
+        "the previous snapshot and the global checkpoints stay valid",
     ),
 )
 

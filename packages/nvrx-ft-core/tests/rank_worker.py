@@ -135,6 +135,23 @@ def main() -> int:
                 dist.all_reduce(torch.ones(4))
                 client.send_heartbeat()
                 time.sleep(args[1])
+        elif name == "learn":  # enable learned timeouts, expecting these kinds
+            client.enable_learned_timeouts(list(args))
+        elif name == "note":  # checkpoint, validation or epoch
+            getattr(
+                client,
+                {
+                    "checkpoint": "note_checkpoint_save",
+                    "validation": "note_validation",
+                    "epoch": "note_epoch_boundary",
+                }[args[0]],
+            )()
+        elif name == "beats":  # N heartbeats SECONDS apart
+            for _ in range(int(args[0])):
+                time.sleep(args[1])
+                client.send_heartbeat()
+        elif name == "say_learned":
+            print(f"learned {client.learned_timeouts_active} {client.hb_timeouts}", flush=True)
         elif name == "exit":
             return int(args[0])
         else:

@@ -63,14 +63,14 @@ def test_state_dict_round_trip_and_loaded_timeouts_are_enforced(
     # Loaded before init: the monitor enforces the loaded (short) heartbeat timeout, not 60 s.
     tight = {
         "current_timeouts": {
-            "heartbeat": {"initial": 60.0, "subsequent": 0.7, "were_calculated": True}
+            "heartbeat": {"initial": 60.0, "subsequent": 2.5, "were_calculated": True}
         }
     }
     second = start_rank(
         [["load_state", json.dumps(tight)], ["init"], ["print_state"], ["hb"], ["hang"]]
     )
     ev = events.wait("rank_terminated")
-    assert (ev.pid, ev.cause, ev.limit_s) == (second.pid, "heartbeat_timeout", 0.7)
+    assert (ev.pid, ev.cause, ev.limit_s) == (second.pid, "heartbeat_timeout", 2.5)
     second.wait_exit()
     assert _state(second.output()) == tight
 

@@ -2,8 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
 from nvrx.ft._detection import ActiveTimeouts, find_violation, next_deadline_ns
 from nvrx.ft._shm import RankSnapshot
+from nvrx.ft._termination import RankProcess, Terminator
 
 S = 1_000_000_000
 INIT = 1000 * S
@@ -125,3 +137,70 @@ def test_warmup_without_a_warmup_timeout_or_a_step_section() -> None:
     no_step = ActiveTimeouts(None, None, {"train": 1.0}, 1.0)
     v = find_violation(warm(0, used=True, oos_since=1000.0), no_step, INIT, at(2))
     assert v is not None  # no 'step' section: warmup never applies
+
+
+def test_violation_messages_keep_nvrx_wording_beside_ours() -> None:
+    from nvrx.ft._detection import Violation
+
+    hb = Violation("heartbeat_timeout", 5.02, 5.0)
+    assert "Did not get subsequent heartbeat. Waited 5.00 seconds." in hb.message
+    assert hb.message.startswith("heartbeat_timeout: no heartbeat for 5.020 s")
+    initial = Violation("initial_heartbeat_timeout", 61.0, 60.0).message
+    assert "Did not get initial heartbeat. Waited 60.00 seconds." in initial
+    section = Violation("section_timeout", 12.5, 10.0, "step").message
+    assert "Section 'step' has been open for 12.50 seconds. Timeout is 10.00 seconds." in section
+    oos = Violation("out_of_section_timeout", 3.0, 2.0).message
+    assert "Was out of section for 3.00 seconds. Timeout is 2.00 seconds." in oos
+    assert Violation("gpu_unhealthy", 0.0, 0.0).nvrx_wording is None
+
+
+@pytest.mark.timeout(60)
+def test_the_stack_dump_signal_reaches_the_rank_alone_not_its_children(
+    tmp_path: pathlib.Path,
+) -> None:
+    """A rank in its own session with a child (a DataLoader worker): only the rank dumps."""
+    script = (
+        "import os, signal, sys, time\n"
+        "def mark(who):\n"
+        "    def handler(signum, frame):\n"
+        f"        open({str(tmp_path)!r} + '/' + who, 'w').close()\n"
+        "    return handler\n"
+        "if os.fork() == 0:\n"
+        "    signal.signal(signal.SIGUSR2, mark('child'))\n"
+        "    time.sleep(60)\n"
+        "    os._exit(0)\n"
+        "signal.signal(signal.SIGUSR2, mark('rank'))\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    popen = subprocess.Popen(
+        [sys.executable, "-c", script], start_new_session=True, stdout=subprocess.PIPE
+    )
+    try:
+        assert popen.stdout is not None
+        assert popen.stdout.readline() == b"ready\n"
+        time.sleep(0.2)  # the child's handler is installed
+        term = Terminator(
+            RankProcess(popen.pid),
+            term_signal=signal.SIGTERM,
+            grace_period_s=2.0,
+            dump_signal=signal.SIGUSR2,
+            logger=logging.getLogger("test"),
+        )
+        assert term.target == f"process group {popen.pid}"
+        due = term.advance(time.monotonic_ns())
+        assert due is not None
+        deadline = time.monotonic() + 30
+        while not (tmp_path / "rank").exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert (tmp_path / "rank").exists()
+        time.sleep(0.2)
+        assert not (tmp_path / "child").exists()
+        while term.advance(time.monotonic_ns()) is not None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert popen.wait(timeout=30) == -signal.SIGTERM
+        term.proc.close()
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(popen.pid, signal.SIGKILL)
+        popen.wait(timeout=10)

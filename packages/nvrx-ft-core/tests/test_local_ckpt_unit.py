@@ -327,3 +327,66 @@ def test_unwritable_rank_dir_skips(node_dir: pathlib.Path) -> None:
     assert not lc.save(1, {"w": torch.ones(4)})
     assert lc.restore(global_iteration=4).source is RestoreSource.GLOBAL
     lc.close()
+
+
+_DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int8, torch.bool]
+
+
+def _leaves() -> Any:
+    from hypothesis import strategies as st
+
+    scalars = st.one_of(
+        st.none(),
+        st.booleans(),
+        st.integers(-(2**62), 2**62),
+        st.floats(allow_nan=False),
+        st.text(max_size=8),
+        st.binary(max_size=8),
+    )
+    tensors = st.builds(
+        lambda dtype, shape: torch.zeros(shape, dtype=dtype).random_(
+            0, 2 if dtype == torch.bool else 100
+        ),
+        st.sampled_from(_DTYPES),
+        st.lists(st.integers(0, 4), max_size=3),
+    )
+    return st.one_of(scalars, tensors)
+
+
+@pytest.mark.timeout(180)
+def test_tree_round_trip_property(node_dir: pathlib.Path) -> None:
+    from hypothesis import HealthCheck, given
+    from hypothesis import settings as hsettings
+    from hypothesis import strategies as st
+
+    states = st.dictionaries(
+        st.text(min_size=1, max_size=5),
+        st.recursive(
+            _leaves(),
+            lambda inner: st.one_of(
+                st.lists(inner, max_size=3),
+                st.lists(inner, max_size=3).map(tuple),
+                st.dictionaries(
+                    st.one_of(st.text(max_size=4), st.integers(-5, 5)), inner, max_size=3
+                ),
+            ),
+            max_leaves=8,
+        ),
+        max_size=4,
+    )
+    lc = LocalCheckpoints(settings(node_dir))
+    counter = iter(range(10**6))
+
+    @hsettings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(states)
+    def check(state: dict[str, Any]) -> None:
+        it = next(counter)
+        assert lc.save(it, state)
+        assert lc.wait(30)
+        got = lc.restore()
+        assert got.iteration == it
+        assert got.state is not None
+        assert_same(state, got.state)
+
+    check()
+    lc.close()

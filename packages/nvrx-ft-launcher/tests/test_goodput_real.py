@@ -114,6 +114,8 @@ def test_two_nodes_agree_and_group_rank_0_writes_the_job_summary(
 
     for launcher in launchers:
         assert launcher.wait() == ExitCode.SUCCESS, logs()
+    # Two nodes and no job key: each launcher warns (another machine reaches the store).
+    assert all("WARNING: no job key" in str(launcher.log()) for launcher in launchers), logs()
     records = [json.loads(line) for path in journals for line in path.read_text().splitlines()]
     validator = jsonschema.Draft202012Validator(json.loads(schema_path("journal").read_text()))
     for record in records:

@@ -123,7 +123,7 @@ def test_nvrx_module_paths_port_by_prefix() -> None:
         assert found is getattr(nvrx.ptl, name), (module, name)
 
 
-def test_default_loggers_are_under_nvrx_and_nemo_names_are_one_argument_away() -> None:
+def test_default_loggers_are_nvrx_nemo_names_and_logger_name_overrides() -> None:
     from nvrx.ptl import (
         FaultToleranceCallback,
         FaultToleranceSectionsCallback,
@@ -133,14 +133,18 @@ def test_default_loggers_are_under_nvrx_and_nemo_names_are_one_argument_away() -
     ft = FaultToleranceCallback(autoresume=False, calculate_timeouts=True)
     sections = FaultToleranceSectionsCallback(autoresume=False, calculate_timeouts=True)
     straggler = StragglerDetectionCallback(300, True, True, 5, 0.7, 0.7, True, True)
-    assert ft.logger.name == "nvrx.ptl.FaultToleranceCallback"
-    assert sections.logger.name == "nvrx.ptl.FaultToleranceSectionsCallback"
-    assert straggler.logger.name == "nvrx.ptl.StragglerDetectionCallback"
-    nemo = FaultToleranceCallback(
-        autoresume=False, calculate_timeouts=True, logger_name="nemo_logger.FaultToleranceCallback"
+    assert ft.logger.name == "nemo_logger.FaultToleranceCallback"
+    assert sections.logger.name == "nemo_logger.FaultToleranceCallback"
+    assert straggler.logger.name == "nemo_logger.StragglerDetectionCallback"
+    unnamed = FaultToleranceSectionsCallback(
+        autoresume=False, calculate_timeouts=True, logger_name=None
     )
-    assert nemo.logger.name == "nemo_logger.FaultToleranceCallback"
-    nemo_straggler = StragglerDetectionCallback(
+    assert unnamed.logger.name == "nemo_logger.FaultToleranceCallback"
+    mine = FaultToleranceCallback(
+        autoresume=False, calculate_timeouts=True, logger_name="nvrx.ptl.FaultToleranceCallback"
+    )
+    assert mine.logger.name == "nvrx.ptl.FaultToleranceCallback"
+    mine_straggler = StragglerDetectionCallback(
         300,
         True,
         True,
@@ -149,9 +153,9 @@ def test_default_loggers_are_under_nvrx_and_nemo_names_are_one_argument_away() -
         0.7,
         True,
         True,
-        logger_name="nemo_logger.StragglerDetectionCallback",
+        logger_name="my.straggler",
     )
-    assert nemo_straggler.logger.name == "nemo_logger.StragglerDetectionCallback"
+    assert mine_straggler.logger.name == "my.straggler"
 
 
 def test_nvrx_class_attributes() -> None:

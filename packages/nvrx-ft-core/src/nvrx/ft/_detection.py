@@ -57,15 +57,36 @@ class Violation:
     section: str | None = None
 
     @property
+    def nvrx_wording(self) -> str | None:
+        """NVRx's log line for this timeout, which users' alerts and NeMo's tests grep for."""
+        if self.cause == "initial_heartbeat_timeout":
+            return f"Did not get initial heartbeat. Waited {self.limit_s:.2f} seconds."
+        if self.cause == "heartbeat_timeout":
+            return f"Did not get subsequent heartbeat. Waited {self.limit_s:.2f} seconds."
+        if self.cause == "section_timeout":
+            return (
+                f"Section '{self.section}' has been open for {self.observed_s:.2f} seconds. "
+                f"Timeout is {self.limit_s:.2f} seconds."
+            )
+        if self.cause == "out_of_section_timeout":
+            return (
+                f"Was out of section for {self.observed_s:.2f} seconds. "
+                f"Timeout is {self.limit_s:.2f} seconds."
+            )
+        return None
+
+    @property
     def message(self) -> str:
-        """One line for logs and events."""
+        """One line for logs and events, with NVRx's wording after ours."""
         what = {
             "initial_heartbeat_timeout": "no first heartbeat",
             "heartbeat_timeout": "no heartbeat",
             "section_timeout": f"section {self.section!r} open",
             "out_of_section_timeout": "no section open",
         }.get(self.cause, self.cause)
-        return f"{self.cause}: {what} for {self.observed_s:.3f} s, limit {self.limit_s:.3f} s"
+        line = f"{self.cause}: {what} for {self.observed_s:.3f} s, limit {self.limit_s:.3f} s"
+        nvrx = self.nvrx_wording
+        return line if nvrx is None else f"{line} ({nvrx})"
 
 
 def _deadlines(

@@ -3,7 +3,9 @@
 The sequence: SIGCONT (a stopped rank must run its handlers), the stack dump signal
 (the rank's faulthandler writes every thread's stack to its log), a short pause for
 the dump, the configured termination signal, then SIGKILL once the grace period ends.
-Signals go to the rank's process group when the rank leads its own group (ranks run
+The stack dump signal goes to the rank's own process only, so its DataLoader workers
+and other children do not dump too (their stacks would bury the rank's). The other
+signals go to the rank's process group when the rank leads its own group (ranks run
 in their own session), else to the rank alone. The rank is tracked through a pidfd,
 so a recycled pid is never signalled.
 """
@@ -112,9 +114,12 @@ class Terminator:
         """Who gets the signals, for logs."""
         return f"process group {self.proc.pid}" if self._group else f"pid {self.proc.pid}"
 
-    def _send(self, sig: signal.Signals) -> None:
-        self._logger.info("sending %s to %s", sig.name, self.target)
-        self.proc.signal(sig, group=self._group)
+    def _send(self, sig: signal.Signals, *, own_pid: bool = False) -> None:
+        """Signal the target; ``own_pid``: the rank's own process only, never its group."""
+        group = self._group and not own_pid
+        target = f"pid {self.proc.pid}" if not group else self.target
+        self._logger.info("sending %s to %s", sig.name, target)
+        self.proc.signal(sig, group=group)
 
     def _dumped(self) -> None:
         """Run ``after_dump`` once: after the dump pause, before the termination signal."""
@@ -135,7 +140,7 @@ class Terminator:
             self._send(signal.SIGCONT)
             self._step = 1
             if self._dump_signal is not None:
-                self._send(self._dump_signal)
+                self._send(self._dump_signal, own_pid=True)
                 self._due = now_ns + int(STACK_DUMP_PAUSE_S * _NS)
                 return self._due
         if self._step == 1:

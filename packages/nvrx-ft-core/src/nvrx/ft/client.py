@@ -24,6 +24,17 @@ from collections.abc import Iterable, Mapping
 from typing import Any, TextIO
 
 from nvrx.ft._detection import STEP_SECTION
+from nvrx.ft._learning import (
+    CHECKPOINT,
+    EPOCH,
+    EVENT_KINDS,
+    VALIDATION,
+    LearnSettings,
+    automatic_floor,
+    cap_and_floor,
+    learned_timeout,
+    pending_reason,
+)
 from nvrx.ft._protocol import PROTOCOL_VERSION, ProtocolError, encode_frame, recv_frame
 from nvrx.ft._shm import (
     LAST_HB_NS,
@@ -53,6 +64,30 @@ _CONTROL_TIMEOUT_S = 10.0
 _CONNECT_RETRY_S = 5.0
 _PROBE_PERIOD_NS = _NS
 _monotonic_ns = time.monotonic_ns
+
+
+def _cap(value: float | None, configured: float | None, floor: float) -> float | None:
+    return None if value is None else cap_and_floor(value, configured, floor)
+
+
+def _at_least(value: float | None, other: float | None) -> float | None:
+    if value is None or other is None:
+        return value
+    return max(value, other)
+
+
+def _fmt(value: float | None) -> str:
+    return "off" if value is None else f"{value:.2f} s"
+
+
+def _hb_key(hb: HeartbeatTimeouts | None) -> tuple[float | None, float | None] | None:
+    return None if hb is None else (hb.initial, hb.subsequent)
+
+
+def _sec_key(sec: SectionTimeouts | None) -> tuple[object, ...] | None:
+    if sec is None:
+        return None
+    return (sorted(sec.section.items(), key=lambda kv: kv[0]), sec.out_of_section)
 
 
 class RankMonitorClientError(Exception):
@@ -156,6 +191,31 @@ class RankMonitorClient:
         self._misuse_logged: set[tuple[str, str]] = set()
         self._unmonitored_seen: set[str] = set()  # logged once: later calls return at once
         self._previous_excepthook: Any = None
+        self._floor_s = 0.0
+        self._warmup_steps = 0
+        self._learn_requested: tuple[str, ...] | None = None
+        self._learn_requested_sections: tuple[str, ...] | None = None
+        self._reset_learning()
+
+    def _reset_learning(self) -> None:
+        """Learned timeouts off; see :meth:`enable_learned_timeouts`."""
+        #: The settings while learning is enabled (pending or active), else None.
+        self._learn: LearnSettings | None = None
+        self._learning = False  # read in the hot path's rare branches
+        self._learn_active = False
+        self._learn_steps = 0
+        self._learn_seen: set[str] = set()
+        self._learn_noted: set[str] = set()
+        self._learn_suspended = False
+        self._learn_sections: frozenset[str] | None = None
+        self._learn_error_logged = False
+        self._probe_due_ns = 0
+        # What is in force without learning (configured, loaded or calculated), and
+        # whether it was calculated in this job (learning then only loosens it).
+        self._base_hb: HeartbeatTimeouts | None = None
+        self._base_sec: SectionTimeouts | None = None
+        self._hb_calculated_here = False
+        self._sec_calculated_here = False
 
     # ------------------------------------------------------------- lifecycle
 
@@ -228,11 +288,11 @@ class RankMonitorClient:
             sock.close()
             block.close()
             raise RankMonitorClientError("the rank monitor uses another shared memory layout")
-        calc = TimeoutsCalc(
-            sections=sections,
-            safety_factor=cfg.safety_factor,
-            min_timeout=cfg.min_calculated_timeout,
-        )
+        floor = cfg.min_calculated_timeout
+        if floor is None:
+            floor = automatic_floor(cfg.workload_check_interval)
+        calc = TimeoutsCalc(sections=sections, safety_factor=cfg.safety_factor, min_timeout=floor)
+        self._floor_s = floor
         calc.start_ns = calc.last_section_close_ns = int(reply["init_ns"])  # the monitor's clock
         self._sock = sock
         self._block = block
@@ -243,7 +303,7 @@ class RankMonitorClient:
         }
         self._sections_used = False
         self._monitor_lost = False
-        self._next_probe_ns = time.monotonic_ns() + _PROBE_PERIOD_NS
+        self._next_probe_ns = self._probe_due_ns = time.monotonic_ns() + _PROBE_PERIOD_NS
         warmup = cfg.num_warmup_iterations if num_warmup_iters is None else num_warmup_iters
         block.slots[WARMUP_STEPS] = warmup
         step = self._section_entries.get(STEP_SECTION)
@@ -271,9 +331,15 @@ class RankMonitorClient:
                 self.logger.warning("no stack dump on termination: %s", exc)
         if cfg.install_exception_hook:
             self._install_exception_hook()
+        self._base_hb, self._base_sec = self.hb_timeouts, self.section_timeouts
+        self._warmup_steps = warmup
         self.is_initialized = True
         if self.loaded_hb_timeouts is not None or self.loaded_section_timeouts is not None:
             self._apply_loaded()
+        if cfg.learn_timeouts or self._learn_requested is not None:
+            self.enable_learned_timeouts(
+                self._learn_requested or (), self._learn_requested_sections
+            )
 
     def _install_exception_hook(self) -> None:
         """NVRx's install_exception_hook: log an uncaught exception, then exit at once.
@@ -318,6 +384,7 @@ class RankMonitorClient:
             sys.excepthook = self._previous_excepthook
             self._previous_excepthook = None
         self._warmup_left = 0
+        self._reset_learning()
         self._slots = None
         self._section_entries = {}
         self._unmonitored_seen.clear()
@@ -342,13 +409,15 @@ class RankMonitorClient:
             interval = t - prev
             if interval > calc.subsequent_max_ns:
                 calc.subsequent_max_ns = interval
+                if self._learning:  # a new longest interval: learning looks at once
+                    self._next_probe_ns = 0
         else:
             interval = t - calc.start_ns
             if interval > calc.initial_max_ns:
                 calc.initial_max_ns = interval
         calc.prev_hb_ns = t
         if t >= self._next_probe_ns:
-            self._probe_monitor(t)
+            self._slow_path(t, True)
 
     def start_section(self, section: str) -> None:
         """Open a configured section; sections may nest or overlap.
@@ -378,13 +447,15 @@ class RankMonitorClient:
             interval = t - calc.last_section_close_ns
             if interval > calc.oos_max_ns:
                 calc.oos_max_ns = interval
+                if self._learning:
+                    self._next_probe_ns = 0
             if not self._sections_used:
                 self._sections_used = True
                 slots[SECTIONS_USED] = 1
         calc.open_count += 1
         stat.opened_ns = t
         if t >= self._next_probe_ns:
-            self._probe_monitor(t)
+            self._slow_path(t, slot == self._step_slot or self._step_slot < 0)
 
     def end_section(self, section: str) -> None:
         """Close a section opened with :meth:`start_section`."""
@@ -401,6 +472,8 @@ class RankMonitorClient:
         interval = t - stat.opened_ns  # inline copy of TimeoutsCalc._close_ns
         if interval > stat.max_ns:
             stat.max_ns = interval
+            if self._learning:
+                self._next_probe_ns = 0
         stat.opened_ns = 0
         calc = self._calc
         calc.open_count -= 1
@@ -453,9 +526,25 @@ class RankMonitorClient:
         if self._first_time(what, section):
             self.logger.warning("%s: section %r %s (logged once)", what, section, why)
 
+    def _slow_path(self, now_ns: int, step: bool) -> None:
+        """What the hot path does when due: learning, then the monitor probe (about 1/s).
+
+        While learning counts its first steps every heartbeat (or ``step`` section)
+        comes here; afterwards only about once a second and at a new longest interval.
+        """
+        if self._learning:
+            try:
+                self._learn_tick(now_ns, step)
+            except Exception:  # never break training: learning stops, monitoring goes on
+                self._stop_learning("internal error while learning timeouts")
+        if now_ns >= self._probe_due_ns:
+            self._probe_monitor(now_ns)
+        counting = self._learn is not None and not self._learn_active
+        self._next_probe_ns = 0 if counting and self._counting_steps() else self._probe_due_ns
+
     def _probe_monitor(self, now_ns: int) -> None:
         """About once a second: notice (and log once) that the monitor went away."""
-        self._next_probe_ns = now_ns + _PROBE_PERIOD_NS
+        self._probe_due_ns = now_ns + _PROBE_PERIOD_NS
         sock = self._sock
         if sock is None or self._monitor_lost:
             return
@@ -474,6 +563,253 @@ class RankMonitorClient:
                 "training continues and the launcher handles the monitor",
                 self.rank_monitor_socket,
             )
+
+    # ------------------------------------------------------- learned timeouts
+
+    def enable_learned_timeouts(
+        self, expect: Iterable[str] = (), sections: Iterable[str] | None = None
+    ) -> None:
+        """Tighten this rank's timeouts during the job, from what it observes.
+
+        Once the rank has run its warmup iterations plus ``learn_min_steps`` steps
+        (heartbeats, or ``step`` sections), and has been seen through a first event of
+        each kind in ``expect`` (``"checkpoint"``, ``"validation"``: the slow events the
+        loop has, noted with :meth:`note_checkpoint_save` and :meth:`note_validation`),
+        every heartbeat, section and out-of-section timeout becomes ``safety_factor x``
+        the longest interval seen so far, raised to the floor and never above the
+        configured value; it loosens whenever a longer interval is seen. The first event
+        of a kind not seen before (an epoch boundary: :meth:`note_epoch_boundary`) runs
+        under the timeouts in force without learning. Becoming active is logged once.
+        The learned timeouts are what :meth:`state_dict` returns, so the next job
+        starts from them. ``sections`` limits learning to those sections (None: every
+        configured one); leave out a section that runs once per job (a set-up), whose
+        next run may be longer (a checkpoint load).
+
+        Turned on by ``learn_timeouts: true``, by the Lightning callbacks with
+        ``calculate_timeouts=True`` and by the first ``calculate_and_set_*`` call while
+        ``learn_timeouts`` is None; ``learn_timeouts: false`` turns it off everywhere
+        (NVRx's behaviour). Callable before init (it then starts at init). Never raises
+        for training: a bad ``expect`` kind is a ValueError at the call.
+        """
+        kinds = tuple(expect)
+        unknown = sorted(set(kinds) - {CHECKPOINT, VALIDATION})
+        if unknown:
+            raise ValueError(
+                f"enable_learned_timeouts: unknown kinds {unknown}; "
+                f"expected some of {[CHECKPOINT, VALIDATION]}"
+            )
+        cfg = self.cfg
+        if not self.is_initialized or cfg is None:
+            self._learn_requested = kinds
+            self._learn_requested_sections = None if sections is None else tuple(sections)
+            return
+        if cfg.learn_timeouts is False:
+            if self._first_time("learning", "off"):
+                self.logger.info("learned timeouts are off (learn_timeouts: false)")
+            return
+        expected = frozenset(kinds)
+        if sections is not None:
+            self._learn_sections = frozenset(sections)
+        if self._learn is not None:
+            if expected <= self._learn.expected:
+                return
+            expected |= self._learn.expected
+        self._learn = LearnSettings(
+            safety_factor=cfg.safety_factor,
+            floor=self._floor_s,
+            warmup_steps=self._warmup_steps,
+            min_steps=cfg.learn_min_steps,
+            expected=expected,
+        )
+        self._learning = True
+        self._next_probe_ns = 0
+        if self._first_time("learning", "enabled"):
+            after = "".join(f" and a first {k}" for k in sorted(expected))
+            self.logger.info(
+                "learning timeouts: active after %d steps%s",
+                self._learn.steps_needed,
+                after,
+            )
+
+    @property
+    def learned_timeouts_active(self) -> bool:
+        """True once learned timeouts are in force (see :meth:`enable_learned_timeouts`)."""
+        return self._learn_active
+
+    def note_checkpoint_save(self) -> None:
+        """Say a checkpoint save is starting (or just ended); see enable_learned_timeouts."""
+        self._note(CHECKPOINT)
+
+    def note_validation(self) -> None:
+        """Say a validation pass is starting (or just ended)."""
+        self._note(VALIDATION)
+
+    def note_epoch_boundary(self) -> None:
+        """Say an epoch boundary is starting (before the next epoch's data loader)."""
+        self._note(EPOCH)
+
+    def _note(self, kind: str) -> None:
+        assert kind in EVENT_KINDS
+        if not self._learning or kind in self._learn_seen or kind in self._learn_noted:
+            return
+        self._learn_noted.add(kind)
+        self._next_probe_ns = 0  # the next heartbeat or section measures the event
+        if self._learn_active and not self._learn_suspended:
+            # A slow event never measured: run it under the timeouts in force without
+            # learning until the interval holding it has been seen.
+            self._learn_suspended = True
+            self.logger.info("first %s since learning: learned timeouts paused until it ends", kind)
+            self._send_timeouts(self._base_hb, self._base_sec)
+
+    def _counting_steps(self) -> bool:
+        learn = self._learn
+        return learn is not None and self._learn_steps < learn.steps_needed
+
+    def _stop_learning(self, why: str) -> None:
+        self._learning = False
+        self._learn = None
+        if not self._learn_error_logged:
+            self._learn_error_logged = True
+            self.logger.warning("%s; learned timeouts are off for this rank", why, exc_info=True)
+
+    def _learn_tick(self, now_ns: int, step: bool) -> None:
+        """Count a step, take in noted events, then become active or loosen."""
+        learn = self._learn
+        assert learn is not None
+        resumed = False
+        if self._learn_noted:
+            self._learn_seen |= self._learn_noted
+            self._learn_noted.clear()
+            resumed, self._learn_suspended = self._learn_suspended, False
+        if not self._learn_active:
+            if step and self._learn_steps < learn.steps_needed:
+                self._learn_steps += 1
+            if pending_reason(self._learn_steps, self._learn_seen, learn) is not None:
+                return
+            self._learn_active = True
+            hb, sec = self._learned_timeouts(learn)
+            self._apply_learned(hb, sec, force=True)
+            seen = "".join(f", a {k}" for k in sorted(self._learn_seen))
+            self.logger.info(
+                "learned timeouts active after %d steps%s: %s",
+                self._learn_steps,
+                seen,
+                self._describe_learned(hb, sec),
+            )
+            return
+        if self._learn_suspended:
+            return
+        hb, sec = self._learned_timeouts(learn)
+        changed = self._apply_learned(hb, sec, force=resumed)
+        if changed and not resumed:
+            self.logger.info("learned timeouts loosened: %s", self._describe_learned(hb, sec))
+
+    def _learned_timeouts(
+        self, learn: LearnSettings
+    ) -> tuple[HeartbeatTimeouts | None, SectionTimeouts | None]:
+        """The timeouts learning would put in force now (None: that kind untouched)."""
+        cfg, calc = self.cfg, self._calc
+        assert cfg is not None
+        sf, floor = learn.safety_factor, learn.floor
+        hb: HeartbeatTimeouts | None = None
+        base_hb = self._base_hb
+        if calc.prev_hb_ns and base_hb is not None:
+            initial = learned_timeout(
+                calc.initial_max_ns / _NS, cfg.initial_rank_heartbeat_timeout, sf, floor
+            )
+            subsequent = learned_timeout(
+                calc.subsequent_max_ns / _NS, cfg.rank_heartbeat_timeout, sf, floor
+            )
+            if self._hb_calculated_here:
+                initial = _at_least(initial, base_hb.initial)
+                subsequent = _at_least(subsequent, base_hb.subsequent)
+            hb = HeartbeatTimeouts(initial, subsequent, were_calculated=True)
+        sec: SectionTimeouts | None = None
+        base_sec = self._base_sec
+        if self._sections_used and base_sec is not None:
+            values = dict(base_sec.section)
+            calculated = set(base_sec.calculated_sections)
+            only = self._learn_sections
+            for name, stat in calc.sections.items():
+                if stat.max_ns <= 0 or (only is not None and name not in only):
+                    continue
+                value = learned_timeout(
+                    stat.max_ns / _NS, cfg.rank_section_timeouts.get(name), sf, floor
+                )
+                if self._sec_calculated_here and name in base_sec.calculated_sections:
+                    value = _at_least(value, base_sec.section.get(name))
+                values[name] = value
+                calculated.add(name)
+            oos = base_sec.out_of_section
+            oos_calculated = base_sec.is_out_of_section_calculated
+            if calc.oos_max_ns > 0:
+                oos = learned_timeout(
+                    calc.oos_max_ns / _NS, cfg.rank_out_of_section_timeout, sf, floor
+                )
+                if self._sec_calculated_here and base_sec.is_out_of_section_calculated:
+                    oos = _at_least(oos, base_sec.out_of_section)
+                oos_calculated = True
+            sec = SectionTimeouts(
+                section=values,
+                out_of_section=oos,
+                calculated_sections=calculated,
+                is_out_of_section_calculated=oos_calculated,
+            )
+        return hb, sec
+
+    def _apply_learned(
+        self, hb: HeartbeatTimeouts | None, sec: SectionTimeouts | None, *, force: bool
+    ) -> bool:
+        """Put learned timeouts in force (sent to the monitor when they changed)."""
+        if hb is not None and (force or _hb_key(hb) != _hb_key(self.hb_timeouts)):
+            self.hb_timeouts = hb
+        else:
+            hb = None
+        if sec is not None and (force or _sec_key(sec) != _sec_key(self.section_timeouts)):
+            self.section_timeouts = sec
+        else:
+            sec = None
+        if hb is None and sec is None:
+            return False
+        self._send_timeouts(hb, sec)
+        return True
+
+    @staticmethod
+    def _describe_learned(hb: HeartbeatTimeouts | None, sec: SectionTimeouts | None) -> str:
+        parts = []
+        if hb is not None:
+            parts.append(f"heartbeat {_fmt(hb.subsequent)}")
+        if sec is not None:
+            inner = ", ".join(f"{n} {_fmt(v)}" for n, v in sorted(sec.section.items()))
+            parts.append(f"sections {{{inner}}}, out-of-section {_fmt(sec.out_of_section)}")
+        return "; ".join(parts) or "nothing to learn yet"
+
+    def _cap_hb(self, hb: HeartbeatTimeouts) -> HeartbeatTimeouts:
+        """A calculated value never above the configured one nor below the floor."""
+        cfg = self.cfg
+        assert cfg is not None
+        return HeartbeatTimeouts(
+            initial=_cap(hb.initial, cfg.initial_rank_heartbeat_timeout, self._floor_s),
+            subsequent=_cap(hb.subsequent, cfg.rank_heartbeat_timeout, self._floor_s),
+            were_calculated=hb.were_calculated,
+        )
+
+    def _cap_sec(self, sec: SectionTimeouts) -> SectionTimeouts:
+        cfg = self.cfg
+        assert cfg is not None
+        floor = self._floor_s
+        values = {
+            name: (
+                _cap(value, cfg.rank_section_timeouts.get(name), floor)
+                if name in sec.calculated_sections
+                else value
+            )
+            for name, value in sec.section.items()
+        }
+        oos = sec.out_of_section
+        if sec.is_out_of_section_calculated:
+            oos = _cap(oos, cfg.rank_out_of_section_timeout, floor)
+        return dataclasses.replace(sec, section=values, out_of_section=oos)
 
     # ---------------------------------------------------------- control path
 
@@ -536,10 +872,18 @@ class RankMonitorClient:
             if skip_if_not_ready:
                 return False
             raise RankMonitorClientError("Not enough data to compute heartbeat timeouts.")
-        self.hb_timeouts = calc.get_hb_timeouts(current=self.hb_timeouts)
+        self.hb_timeouts = self._cap_hb(calc.get_hb_timeouts(current=self.hb_timeouts))
+        self._base_hb, self._hb_calculated_here = self.hb_timeouts, True
         self._send_timeouts(self.hb_timeouts, None)
         self.logger.info("calculated %s", self.hb_timeouts)
+        self._learn_after_calculation()
         return True
+
+    def _learn_after_calculation(self) -> None:
+        """Megatron's calculate_and_set_* flow turns learning on (learn_timeouts: None)."""
+        cfg = self.cfg
+        if cfg is not None and cfg.learn_timeouts is None and self._learn is None:
+            self.enable_learned_timeouts()
 
     def calculate_and_set_section_timeouts(
         self,
@@ -560,13 +904,17 @@ class RankMonitorClient:
                 if skip_if_not_ready:
                     return False
                 raise RankMonitorClientError("Not enough data to compute section timeouts.")
-            self.section_timeouts = calc.get_section_timeouts(
-                selected, calc_out_of_section, current=self.section_timeouts
+            self.section_timeouts = self._cap_sec(
+                calc.get_section_timeouts(
+                    selected, calc_out_of_section, current=self.section_timeouts
+                )
             )
         except TimeoutsCalcError as exc:
             raise RankMonitorClientError(str(exc)) from exc
+        self._base_sec, self._sec_calculated_here = self.section_timeouts, True
         self._send_timeouts(None, self.section_timeouts)
         self.logger.info("calculated %s", self.section_timeouts)
+        self._learn_after_calculation()
         return True
 
     def send_workload_control_request(self, req: WorkloadControlRequest) -> None:
@@ -622,12 +970,14 @@ class RankMonitorClient:
         if hb is not None and not hb.were_calculated:
             hb = None
         if hb is not None:
-            hb = HeartbeatTimeouts(
-                initial=None if hb.initial is None else floor(hb.initial),
-                subsequent=None if hb.subsequent is None else floor(hb.subsequent),
-                were_calculated=True,
+            hb = self._cap_hb(
+                HeartbeatTimeouts(
+                    initial=None if hb.initial is None else floor(hb.initial),
+                    subsequent=None if hb.subsequent is None else floor(hb.subsequent),
+                    were_calculated=True,
+                )
             )
-            self.hb_timeouts = hb
+            self.hb_timeouts = self._base_hb = hb
         current = self.section_timeouts
         if sec is not None and current is not None:
             calculated = {n for n in sec.calculated_sections if n in current.section}
@@ -642,12 +992,14 @@ class RankMonitorClient:
             oos = sec.out_of_section if oos_calculated else current.out_of_section
             if oos_calculated and oos is not None:
                 oos = floor(oos)
-            sec = SectionTimeouts(
-                section=merged,
-                out_of_section=oos,
-                calculated_sections=calculated,
-                is_out_of_section_calculated=oos_calculated,
+            sec = self._cap_sec(
+                SectionTimeouts(
+                    section=merged,
+                    out_of_section=oos,
+                    calculated_sections=calculated,
+                    is_out_of_section_calculated=oos_calculated,
+                )
             )
-            self.section_timeouts = sec
+            self.section_timeouts = self._base_sec = sec
         if hb is not None or sec is not None:
             self._send_timeouts(hb, sec)

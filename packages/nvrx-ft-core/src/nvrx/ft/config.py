@@ -165,6 +165,12 @@ def parse_bool(field: str, value: object) -> bool:
     raise _bad(field, value, "expected true/false")
 
 
+def _optional_bool(field: str, value: object) -> bool | None:
+    if value is None or (isinstance(value, str) and value.strip().lower() in _NONE_WORDS):
+        return None
+    return parse_bool(field, value)
+
+
 def parse_signal(field: str, value: object) -> signal.Signals:
     """Read a signal from a Signals, an int, or a name: ``SIGKILL``, ``KILL``, ``9``, ``"9"``."""
     if isinstance(value, signal.Signals):
@@ -416,10 +422,27 @@ class FaultToleranceConfig:
         5.0, _safety_factor, "calculated timeout = safety factor x longest observed interval"
     )
     min_calculated_timeout: float | None = _field(
-        30.0,
+        None,
         _optional_timeout,
-        "no calculated timeout is shorter than this (logged when it raises one); none: no floor",
+        "no calculated or learned timeout is shorter than this (logged when it raises "
+        "one); none: 20 x workload_check_interval, at least 2 s. Never above the "
+        "configured timeout",
         nullable=True,
+    )
+    learn_timeouts: bool | None = _field(
+        None,
+        _optional_bool,
+        "tighten the heartbeat and section timeouts during the job to safety_factor x "
+        "the longest interval seen (never above the configured ones); none: when "
+        "timeouts are calculated (calculate_timeouts=True, calculate_and_set_*), "
+        "false: NVRx's behaviour",
+        nullable=True,
+    )
+    learn_min_steps: int = _field(
+        16,
+        _int_in(1, 1_000_000_000),
+        "steps (heartbeats or 'step' sections) after the warmup iterations before "
+        "learned timeouts become active",
     )
     rank_termination_signal: signal.Signals = _field(  # noqa: RUF009 - a field specifier
         signal.SIGTERM,

@@ -59,8 +59,9 @@ class TimeoutsCalc:
     """Tracks the longest heartbeat, section and out-of-section intervals of one rank.
 
     Times given to the methods are ``time.monotonic()`` seconds (``None``: now).
-    ``min_timeout`` (seconds) is a floor for every calculated timeout, so a short run's
-    tiny intervals cannot produce a timeout the next, slower start would trip over.
+    ``min_timeout`` (seconds) is a floor for every calculated timeout (None: none, as
+    in NVRx); :class:`nvrx.ft.RankMonitorClient` passes ``min_calculated_timeout`` or,
+    by default, 20 check intervals (at least 2 s).
     Section names are the configured ones; an event for another name is a
     :class:`TimeoutsCalcError`.
     """
@@ -242,10 +243,10 @@ class TimeoutsCalc:
         global _floor_logged
         if not _floor_logged:
             _floor_logged = True
-            _logger.warning(
+            _logger.info(
                 "a calculated timeout of %.3f s was raised to the floor of %.1f s "
                 "(FaultToleranceConfig.min_calculated_timeout, --ft-min-calculated-timeout; "
-                "NVRx has no floor): set it lower, or none, for short jobs; logged once",
+                "by default 20 x workload_check_interval, at least 2 s); logged once",
                 timeout,
                 self.min_timeout,
             )

@@ -518,7 +518,7 @@ class Recorder:
     def record(self, event: Event) -> None:
         """Write ``event`` (and the cycle record it completes); never raises for I/O."""
         record = event.to_record()
-        record["t"] = time.time()
+        record["t"] = time.time()  # wall clock: label
         self._journal.write(record)
         if self._journal.node is not None:
             record.setdefault("node", self._journal.node)

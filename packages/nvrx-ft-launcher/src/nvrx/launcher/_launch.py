@@ -272,6 +272,7 @@ def launch(options: LaunchOptions, monitors: MonitorSupervisor | None = None) ->
             cluster=options.cluster,
             numa=numa,
             local_ckpt_dir=None if node_dir is None else node_dir.path,
+            multi_node=config.max_nodes > 1,
         )
         recorder.record(
             RunStarted(

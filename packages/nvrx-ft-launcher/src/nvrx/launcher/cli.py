@@ -41,7 +41,9 @@ from ._monitors import MonitorSupervisor
 from ._nvrx_only import add_nvrx_only_options, warn_without_effect
 from ._validation import (
     MAX_DAYS,
+    checked_parser,
     max_local_ranks,
+    validate_environment,
     validate_launcher_files,
     validate_torchrun_options,
 )
@@ -919,11 +921,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(argv: list[str]) -> int:
+    validate_environment(os.environ)  # exit 2 naming a bad variable, before anything starts
     _setup_logging()
     monitors = _early_monitors(argv)
     logger.debug("early monitors: %s", "started" if monitors is not None else "no")
     try:
-        parser = get_parser()
+        parser = checked_parser(get_parser, lambda built: launcher_argv(argv, built))
         options = _options(parser.parse_args(argv), parser)
         if monitors is not None and not monitors.matches(
             options.ft_config, options.config.nproc_per_node, options.monitor_ready_timeout

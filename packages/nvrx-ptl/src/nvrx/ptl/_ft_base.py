@@ -48,6 +48,24 @@ def _time_limit_reached(trainer: Trainer) -> bool:
     return False
 
 
+def _overrides(module: object, name: str) -> bool:
+    """True when ``module``'s class (not Lightning's base class) defines ``name``."""
+    for cls in type(module).__mro__:
+        if name in vars(cls):
+            return not cls.__module__.startswith(("lightning.", "pytorch_lightning."))
+    return False
+
+
+def _learn_expectations(trainer: Any, pl_module: Any) -> list[str]:
+    """The slow events this fit has, which learned timeouts must see first."""
+    expect = []
+    if getattr(trainer, "checkpoint_callback", None) is not None:
+        expect.append("checkpoint")
+    if getattr(trainer, "limit_val_batches", 1) != 0 and _overrides(pl_module, "validation_step"):
+        expect.append("validation")
+    return expect
+
+
 def progress_from_trainer(trainer: Trainer) -> TrainingProgress:
     """Snapshot the limits and counters that decide whether training is complete."""
     early_stopped = False
@@ -79,6 +97,8 @@ class FtCallbackBase(Callback):
     #: Logs the restart cycle, restart count and goodput at on_train_start (the first nvrx
     #: callback on the trainer that does is the one that logs them).
     _reports_cycle_metrics = True
+    #: Sections whose timeouts are learned within the job (None: all).
+    _LEARNED_SECTIONS: tuple[str, ...] | None = None
 
     def __init__(
         self,
@@ -99,13 +119,14 @@ class FtCallbackBase(Callback):
             simulated_fault_params
         )
         self.exp_dir = Path(exp_dir) if exp_dir is not None else None
-        self.logger = logging.getLogger(logger_name or f"nvrx.ptl.{type(self).__name__}")
+        self.logger = logging.getLogger(logger_name or "nemo_logger.FaultToleranceCallback")
         self.fault_tol_client: RankMonitorClient | None = None
         self.state_file_path: Path | None = None
         self.simulated_fault: SimulatedFault | None = None
         self.state_machine = TrainingStateMachine()
         self._rank = 0
         self._is_rank0 = True
+        self._epoch_starts = 0
 
     @property
     def is_initialized(self) -> bool:
@@ -178,6 +199,46 @@ class FtCallbackBase(Callback):
         if self.calculate_timeouts:
             self._maybe_load_timeouts(client, self.state_file_path)
         return client
+
+    def _enable_learning(
+        self, client: RankMonitorClient, trainer: Trainer, pl_module: LightningModule
+    ) -> None:
+        """Learned timeouts with ``calculate_timeouts`` (or ``learn_timeouts: true``).
+
+        They wait for a first checkpoint save when the trainer has a checkpoint callback
+        and for a first validation when the module has a validation step.
+        """
+        self._epoch_starts = 0
+        cfg = client.cfg
+        if not (self.calculate_timeouts or (cfg is not None and cfg.learn_timeouts)):
+            return
+        try:
+            client.enable_learned_timeouts(
+                _learn_expectations(trainer, pl_module), self._LEARNED_SECTIONS
+            )
+        except Exception as exc:  # never fail the fit for it
+            self._log_own(logging.WARNING, "learned timeouts not enabled: %s", exc)
+
+    def _note(self, kind: str, trainer: Any = None) -> None:
+        """Tell the client a checkpoint save, validation or epoch boundary is starting."""
+        client = self.fault_tol_client
+        if client is None or getattr(trainer, "sanity_checking", False):
+            return
+        try:
+            if kind == "checkpoint":
+                client.note_checkpoint_save()
+            elif kind == "validation":
+                client.note_validation()
+            else:
+                client.note_epoch_boundary()
+        except Exception:  # monitoring never breaks training
+            self._log_own(logging.DEBUG, "could not note %s", kind)
+
+    def on_train_epoch_start(self, *args: Any, **kwargs: Any) -> None:
+        """A later epoch's start is an epoch boundary (its data loader starts next)."""
+        self._epoch_starts += 1
+        if self._epoch_starts > 1:
+            self._note("epoch")
 
     def _maybe_load_timeouts(self, client: RankMonitorClient, path: Path) -> None:
         """Load the calculated timeouts of earlier jobs; a bad file never fails set-up."""

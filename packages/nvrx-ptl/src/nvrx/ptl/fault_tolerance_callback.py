@@ -37,9 +37,9 @@ class FaultToleranceCallback(FtCallbackBase):
         exp_dir: directory of the FT state, shared by all the jobs of a training.
             Defaults to ``trainer.log_dir/ft_state`` (beware: Lightning may move or
             version its log dir, so prefer an explicit one).
-        logger_name: name of the logger of this callback's messages, under the
-            ``nvrx`` logger tree by default; pass NVRx's default
-            ``"nemo_logger.FaultToleranceCallback"`` to keep NeMo's logger names.
+        logger_name: name of the logger of this callback's messages; NVRx's default,
+            ``"nemo_logger.FaultToleranceCallback"``, where NeMo's handlers listen (and
+            its tests look). Pass another name to log elsewhere; None: the default.
 
     The calculated timeouts are kept in ``<exp_dir>/_ft_state.json``
     (:attr:`TIMEOUTS_FILENAME`), NVRx's name for this callback's state, so timeouts
@@ -55,7 +55,7 @@ class FaultToleranceCallback(FtCallbackBase):
         calculate_timeouts: bool,
         simulated_fault_params: SimulatedFaultParams | dict[str, Any] | Any | None = None,
         exp_dir: str | os.PathLike[str] | None = None,
-        logger_name: str | None = "nvrx.ptl.FaultToleranceCallback",
+        logger_name: str | None = "nemo_logger.FaultToleranceCallback",
     ) -> None:
         super().__init__(
             autoresume=autoresume,
@@ -90,6 +90,7 @@ class FaultToleranceCallback(FtCallbackBase):
                 "set initial_rank_heartbeat_timeout and rank_heartbeat_timeout in the FT config, "
                 f"or use calculate_timeouts=True (current: {timeouts})"
             )
+        self._enable_learning(client, trainer, pl_module)
         self._setup_simulated_fault(trainer)
 
     def _last_report(self, exception: BaseException | None) -> None:
@@ -120,9 +121,10 @@ class FaultToleranceCallback(FtCallbackBase):
         """Heartbeat when training ends."""
         self._heartbeat()
 
-    def on_validation_start(self, *args: Any, **kwargs: Any) -> None:
-        """Heartbeat when validation starts."""
+    def on_validation_start(self, trainer: Any = None, *args: Any, **kwargs: Any) -> None:
+        """Heartbeat when validation starts, then note it (learned timeouts)."""
         self._heartbeat()
+        self._note("validation", trainer)
 
     def on_validation_batch_end(self, *args: Any, **kwargs: Any) -> None:
         """Heartbeat after each validation batch."""
@@ -137,6 +139,7 @@ class FaultToleranceCallback(FtCallbackBase):
         if self.fault_tol_client is not None:
             self.state_machine.on_save_checkpoint()
             self._heartbeat()
+            self._note("checkpoint")  # after the heartbeat: the next one measures the save
 
     # -- timeouts ----------------------------------------------------------------------------
 

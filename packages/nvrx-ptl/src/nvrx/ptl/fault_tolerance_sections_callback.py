@@ -56,12 +56,15 @@ class FaultToleranceSectionsCallback(FtCallbackBase):
     They are kept in ``<exp_dir>/_ft_state_.json`` (:attr:`TIMEOUTS_FILENAME`), NVRx's
     name for this callback's state, so timeouts calculated under NVRx carry over.
 
-    The default logger is ``nvrx.ptl.FaultToleranceSectionsCallback``; NVRx's default
-    was ``"nemo_logger.FaultToleranceCallback"`` (pass it as ``logger_name`` to keep
-    it). Hooks accept the call shapes NVRx's accept.
+    The default logger is NVRx's, ``"nemo_logger.FaultToleranceCallback"`` (the same as
+    :class:`FaultToleranceCallback`'s); pass ``logger_name`` to log elsewhere. Hooks
+    accept the call shapes NVRx's accept.
     """
 
     TIMEOUTS_FILENAME = SECTIONS_STATE_FILENAME
+    # 'setup' runs once per job, and longer in a job that loads a checkpoint: as in
+    # NVRx, only a job that loaded one calculates it.
+    _LEARNED_SECTIONS = ("step", "checkpointing")
     _STATE_PART = "section"
 
     def __init__(
@@ -70,7 +73,7 @@ class FaultToleranceSectionsCallback(FtCallbackBase):
         calculate_timeouts: bool,
         simulated_fault_params: SimulatedFaultParams | dict[str, Any] | Any | None = None,
         exp_dir: str | os.PathLike[str] | None = None,
-        logger_name: str | None = "nvrx.ptl.FaultToleranceSectionsCallback",
+        logger_name: str | None = "nemo_logger.FaultToleranceCallback",
         exc_handling_policy: Callable[[BaseException], WorkloadControlRequest] | None = None,
     ) -> None:
         super().__init__(
@@ -177,6 +180,7 @@ class FaultToleranceSectionsCallback(FtCallbackBase):
             "Fault tolerance client initialized. Timeouts: %s",
             client.section_timeouts,
         )
+        self._enable_learning(client, trainer, pl_module)
         self._setup_simulated_fault(trainer)
         self._wrap_strategy(trainer)
         self._start_section("setup")
@@ -264,11 +268,16 @@ class FaultToleranceSectionsCallback(FtCallbackBase):
             return
         self._close_setup_section()
 
+    def on_validation_start(self, trainer: Any = None, *args: Any, **kwargs: Any) -> None:
+        """Note the validation (learned timeouts)."""
+        self._note("validation", trainer)
+
     def on_save_checkpoint(self, trainer: Trainer, *args: Any, **kwargs: Any) -> None:
         """Note the iteration of the last checkpoint."""
         if self.fault_tol_client is not None:
             self.seen_checkpoint_save = True
             self.last_checkpoint_iter = trainer.global_step
+            self._note("checkpoint")
 
     # -- timeouts ----------------------------------------------------------------------------
 

@@ -82,9 +82,10 @@ class StragglerDetectionCallback(Callback):
             they are in ``trainer.callback_metrics`` for EarlyStopping and
             ModelCheckpoint, and send them to the Trainer's loggers at the report's step.
         profiling_interval: time one step in this many (reduces overhead).
-        logger_name: name of the logger of this callback's messages, under the ``nvrx``
-            logger tree by default; NVRx's was
-            ``"nemo_logger.StragglerDetectionCallback"`` (pass it to keep it).
+        logger_name: name of the logger of this callback's messages; NVRx's default,
+            ``"nemo_logger.StragglerDetectionCallback"``, where NeMo's handlers listen
+            and its tests look for "GPU relative performance". Pass another name to log
+            elsewhere; None: the default.
         section_relative_perf_threshold: straggler threshold of relative section scores.
         section_individual_perf_threshold: straggler threshold of individual section
             scores.
@@ -117,7 +118,7 @@ class StragglerDetectionCallback(Callback):
         stop_if_detected: bool = False,
         enable_ptl_logging: bool = True,
         profiling_interval: int = 1,
-        logger_name: str | None = "nvrx.ptl.StragglerDetectionCallback",
+        logger_name: str | None = "nemo_logger.StragglerDetectionCallback",
         section_relative_perf_threshold: float = 0.7,
         section_individual_perf_threshold: float = 0.7,
         gather_on_rank0: bool = True,
@@ -201,7 +202,7 @@ class StragglerDetectionCallback(Callback):
         self.stop_if_detected = stop_if_detected
         self.enable_ptl_logging = enable_ptl_logging
         self.profiling_interval = profiling_interval
-        self.logger = logging.getLogger(logger_name or "nvrx.ptl.StragglerDetectionCallback")
+        self.logger = logging.getLogger(logger_name or "nemo_logger.StragglerDetectionCallback")
         self.initialized = False
         #: The latest report this rank received (None before the first one); rank 0
         #: holds every rank's scores when ``gather_on_rank0`` is True.
