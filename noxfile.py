@@ -70,8 +70,10 @@ PARALLEL_TESTS = ["-n", "2"]
 XDIST = "pytest-xdist>=3.5"
 PARALLEL_PACKAGES = {"nvrx-ft-launcher"}
 # What every session that runs the whole stack needs beside the four packages.
+#: The lowest Lightning nvrx-ptl declares; nox -s ptl_lowest tests it in CI.
+LIGHTNING_LOWEST = "lightning==2.4.*"
 STACK_EXTRAS = [
-    "lightning>=2.1",
+    "lightning>=2.4",
     "omegaconf>=2.3",
     "psutil>=5.9",  # the integration harness and benchmarks find stray processes with it
     "pytest>=8",
@@ -81,6 +83,7 @@ CI_SESSIONS = [
     "lint",
     "typecheck",
     *(f"tests(package='{name}')" for name in PACKAGES),
+    "ptl_lowest",
     "integration",
     "build",
     "docs",
@@ -254,10 +257,21 @@ def tests(session: nox.Session, package: str) -> None:
 
 
 @nox.session
+def ptl_lowest(session: nox.Session) -> None:
+    """nvrx-ptl's tests on the lowest Lightning it declares (the newest runs in tests)."""
+    lowest = [LIGHTNING_LOWEST, LIGHTNING_LOWEST.replace("lightning", "pytorch-lightning", 1)]
+    install_packages(session, [*PACKAGES["nvrx-ptl"], "nvrx-ptl"], *test_group("nvrx-ptl"), *lowest)
+    tests_dir = str(ROOT / "packages" / "nvrx-ptl" / "tests")
+    session.run(*pytest_args(session, tests_dir), "-m", "not gpu", *session.posargs)
+
+
+@nox.session
 def integration(session: nox.Session) -> None:
     """Cross-package tests: real ft_launcher runs, Lightning, the fault matrix."""
     # nox: the tests of noxfile.py's own helpers (tests-integration/test_packaging.py).
-    install_packages(session, list(PACKAGES), *STACK_EXTRAS, "nox>=2024.4.15", XDIST)
+    # jsonschema: tests-integration/test_gpu_check.py validates tools/gpu_check.py's result.
+    extras = [*STACK_EXTRAS, "nox>=2024.4.15", XDIST, "jsonschema>=4.18"]
+    install_packages(session, list(PACKAGES), *extras)
     paths = session.posargs or [str(ROOT / "tests-integration")]
     session.run(*pytest_args(session), "-m", "not gpu", *PARALLEL_TESTS, *paths)
 
@@ -470,10 +484,53 @@ def gpu_tests(session: nox.Session) -> None:
     session.run(*args, "-m", "gpu", *session.posargs)
 
 
+#: Each GPU path and the tests marked ``gpu`` that exercise it on a real GPU (run by
+#: ``gpu_tests``; tests-integration/test_gpu_check.py checks each file exists and is
+#: marked). The local-checkpoint one is required once ``LocalCheckpoints`` exists.
+GPU_TESTS: dict[str, list[str]] = {
+    "CUPTI kernel timing": ["packages/nvrx-straggler/tests/test_gpu.py"],
+    "CUDA-event section timing": ["packages/nvrx-straggler/tests/test_gpu_events.py"],
+    "NVML health check": [
+        "packages/nvrx-ft-core/tests/test_gpu.py",
+        "packages/nvrx-ft-launcher/tests/test_node_health.py",
+    ],
+    "GPU memory reclaim": [
+        "packages/nvrx-ft-launcher/tests/test_gpu_memory.py",
+        "packages/nvrx-ft-launcher/tests/test_gpu_memory_watch.py",
+    ],
+    "NVML NVLink domain (segment id)": ["packages/nvrx-ft-launcher/tests/test_segments.py"],
+    "NCCL under ft_launcher restarts and warm spares": ["tests-integration/test_gpu_launcher.py"],
+    "local-checkpoint device-to-host copy": ["packages/nvrx-ft-core/tests/test_local_ckpt_gpu.py"],
+}
+
+
+@nox.session
+def gpu_check(session: nox.Session) -> None:
+    """tools/gpu_check.py: every GPU path on this machine's GPU, one JSON result and a log.
+
+    torch comes from ``NVRX_TORCH_INDEX`` (a CUDA index on a GPU machine); the script
+    then installs cupti-python for that torch's CUDA. Arguments after ``--`` go to the
+    script (default ``--out gpu-check-output``). Without a GPU the session is skipped,
+    or fails with ``NVRX_REQUIRE_GPU=1``.
+    """
+    try:
+        required = gpu_required()
+    except ValueError as exc:
+        session.error(str(exc))
+    install_packages(session, list(PACKAGES), *STACK_EXTRAS, "jsonschema>=4.18")
+    args = session.posargs or ["--out", str(ROOT / "gpu-check-output")]
+    out = pathlib.Path(args[args.index("--out") + 1]) if "--out" in args else None
+    session.run("python", str(ROOT / "tools" / "gpu_check.py"), "--install", *args)
+    if out is not None and not required:
+        result = json.loads((out / "gpu_check.json").read_text())
+        if result["outcome"] == "no_gpu":
+            session.skip(no_gpu_outcome(False)[1])  # reported "skipped", not "successful"
+
+
 @nox.session
 def demo(session: nox.Session) -> None:
     """The main job: a Lightning run under ft_launcher with injected faults."""
-    install_packages(session, list(PACKAGES), "lightning>=2.1")
+    install_packages(session, list(PACKAGES), "lightning>=2.4")
     session.run("python", "examples/demo/run_demo.py", *session.posargs)
 
 

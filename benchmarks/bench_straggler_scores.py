@@ -8,6 +8,10 @@
 * ``feed_poll_unchanged``: the launcher's once-a-second look at a file that did not
   change (one ``lstat``), and ``feed_read``: reading and validating a 1,024-rank file
   (only when it changed).
+* ``feed_max_tick_stall``: the largest report the format allows (131,072 ranks) read
+  as the launcher does, by its feed's helper thread, while a loop standing in for the
+  agent's ticks every 10 ms: the longest gap between two ticks (what failure handling
+  could wait), with the read-to-gauges time and the peak memory in the detail.
 
 Reports are synthetic: per rank, GPU and forward-section scores and medians.
 """
@@ -16,6 +20,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import resource
 import statistics
 import tempfile
 import time
@@ -29,6 +34,7 @@ from nvrx.ft import (
     publish_straggler_report,
     read_straggler_scores,
 )
+from nvrx.ft._straggler_scores import MAX_STRAGGLER_SCORES_RANKS
 from nvrx.launcher._straggler_feed import StragglerFeed
 
 AREA = "straggler_scores"
@@ -109,6 +115,51 @@ def _feed(path: pathlib.Path, samples: int) -> list[Metric]:
     ]
 
 
+def _feed_max(path: pathlib.Path) -> list[Metric]:
+    ranks = MAX_STRAGGLER_SCORES_RANKS
+    if not publish_straggler_report(
+        _report(ranks), window_start=0.0, window_end=1.0, forward_section="fwd",
+        step_section="train_step",
+    ) or not flush_straggler_reports(600.0):  # fmt: skip
+        raise RuntimeError("the largest report was not written")
+    rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    feed = StragglerFeed(path, period_s=0.0)
+    gaps_ms: list[float] = []
+    start = last = time.perf_counter()
+    got = None
+    while got is None and last - start < 600:
+        got = feed.poll()
+        if got is not None:  # what the agent does with a new report
+            feed.show(got)
+            feed.wait(got)
+            feed.worst(got)
+        time.sleep(0.01)
+        now = time.perf_counter()
+        gaps_ms.append((now - last) * 1e3 - 10.0)
+        last = now
+    if got is None:
+        raise RuntimeError("the feed never read the largest report")
+    return [
+        Metric(
+            AREA,
+            f"feed_max_{ranks}_ranks_tick_stall_ms",
+            max(gaps_ms),
+            "ms",
+            1,
+            detail={
+                "read_to_gauges_s": last - start,
+                "ticks": len(gaps_ms),
+                "median_gap_ms": statistics.median(gaps_ms),
+                "file_bytes": path.stat().st_size,
+                "peak_rss_growth_mib": (
+                    resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before
+                )
+                / 1024,
+            },
+        )
+    ]
+
+
 def run(quick: bool) -> list[Metric]:
     """Publish at two world sizes into a private file, then read it as the launcher does."""
     samples = 5 if quick else 21
@@ -119,7 +170,7 @@ def run(quick: bool) -> list[Metric]:
         try:
             metrics = _publish(16_384, max(3, samples // 3))
             metrics = _publish(1_024, samples) + metrics  # the file now holds 1,024 ranks
-            return metrics + _feed(path, samples)
+            return metrics + _feed(path, samples) + _feed_max(path)
         finally:
             if saved is None:
                 os.environ.pop(STRAGGLER_SCORES_ENV, None)

@@ -74,9 +74,16 @@ def table(metrics: list[Metric]) -> str:
     return "\n".join(rows)
 
 
+#: The page's hand-kept section of GPU figures (tools/gpu_check.py), kept by ``publish``.
+GPU_HEADING = "\n## GPU\n"
+
+
 def publish(page: pathlib.Path, machine_info: dict[str, object], text: str) -> None:
-    """Write the docs page: the table and the machine it ran on."""
+    """Write the docs page: the table and the machine it ran on, then the page's GPU
+    section as it was (its figures come from tools/gpu_check.py, not from this run)."""
     about = ", ".join(f"{k} {v}" for k, v in machine_info.items())
+    earlier = page.read_text() if page.exists() else ""
+    gpu = earlier[earlier.index(GPU_HEADING) :] if GPU_HEADING in earlier else ""
     page.write_text(
         "# Benchmarks\n\n"
         "The latest `nox -s bench` run (`python benchmarks/run.py --publish docs/benchmarks.md`). "
@@ -87,10 +94,14 @@ def publish(page: pathlib.Path, machine_info: dict[str, object], text: str) -> N
         "(Python, `import torch`, process group, first step), and `bare_start_floor` is "
         "that start-up alone. Launcher metrics ending in `_warm` ran with "
         "`ft_launcher --warm-spares`, whose restarted ranks skip that start-up. "
+        "The `local_ckpt` area is a fault -> the training back at the step the fault hit "
+        "(a crash: SIGKILL; a hang: SIGSTOP) with a disk checkpoint every 20 steps, as "
+        "jobs do today, against an in-memory local snapshot every step; `detail` has the "
+        "steps recomputed and the restore time. "
         "Wall-clock figures move with the machine's load; ratios to "
         "a baseline measured in the same run (torchrun, a bare contextmanager) move less."
         "\n\n"
-        f"Machine: {about}.\n\n{text}\n"
+        f"Machine: {about}.\n\n{text}\n{gpu}"
     )
 
 

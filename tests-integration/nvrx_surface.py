@@ -76,6 +76,7 @@ _STRAGGLER = (
     "nvidia_resiliency_ext.straggler"  # 0.4.1; 0.5+ nvidia_resiliency_ext.attribution.straggler
 )
 _PTL = "nvidia_resiliency_ext.ptl_resiliency"
+_CKPT = "nvidia_resiliency_ext.checkpointing"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -315,6 +316,12 @@ NAMES: tuple[Name, ...] = (
         "nvrx.launcher.cli.main",
         Status.RENAMED,
         "console script ft_launcher in both",
+    ),
+    Name(
+        f"{_FT}.launcher.get_args_parser",
+        "nvrx.launcher.get_args_parser",
+        Status.SAME,
+        "ft_launcher's parser: torchrun's options and the launcher's",
     ),
     Name(
         f"{_FT}.launcher.LaunchConfig",
@@ -570,15 +577,153 @@ NAMES: tuple[Name, ...] = (
     ),
     Name(
         f"{_PTL}.local_checkpoint_callback",
-        None,
-        Status.NOT_PROVIDED,
-        "local checkpointing is not part of nvrx",
+        "nvrx.ptl.local_checkpoint_callback",
+        Status.SAME,
+        "also exported from nvrx.ptl; no DeprecationWarning at import",
+        ("LocalCheckpointCallback", "HierarchicalCheckpointIO", "LOCAL_CKPT_OPTS_KEY"),
     ),
     Name(
-        "nvidia_resiliency_ext.checkpointing",
-        None,
-        Status.NOT_PROVIDED,
-        "local and async checkpointing are not part of nvrx; keep NVRx for them",
+        f"{_PTL}.local_checkpoint_callback.LocalCheckpointCallback",
+        "nvrx.ptl.local_checkpoint_callback.LocalCheckpointCallback",
+        Status.SAME,
+        "a ModelCheckpoint that saves only local snapshots; nvrx adds resume_without_path "
+        "and takes its interval from ft_launcher when given none",
+        ("every_n_train_steps", "train_time_interval"),
+    ),
+    Name(
+        f"{_PTL}.local_checkpoint_callback.HierarchicalCheckpointIO",
+        "nvrx.ptl.local_checkpoint_callback.HierarchicalCheckpointIO",
+        Status.SAME,
+        "loads the local snapshot when it is as new as the global checkpoint or newer; "
+        "to_tensor_aware_state_dict has a default (no pickle) where NVRx's is abstract",
+        (
+            "wrapped_checkpoint_io",
+            "local_ckpt_manager",
+            "get_global_ckpt_iteration_fn",
+            "async_save",
+            "save_checkpoint",
+            "load_checkpoint",
+            "remove_checkpoint",
+            "get_partial_wrapper_constructor",
+            "to_tensor_aware_state_dict",
+            "from_tensor_aware_state_dict",
+        ),
+    ),
+    Name(
+        f"{_PTL}.local_checkpoint_callback.LOCAL_CKPT_OPTS_KEY",
+        "nvrx.ptl.local_checkpoint_callback.LOCAL_CKPT_OPTS_KEY",
+        Status.SAME,
+        "'local_checkpoint_options', also nvrx.ptl.LOCAL_CKPT_OPTS_KEY",
+    ),
+    # local checkpoints (nvrx.ft.checkpointing.local; see docs/guides/local-checkpoints.md)
+    Name(
+        f"{_CKPT}.local.base_state_dict.TensorAwareStateDict",
+        "nvrx.ft.checkpointing.local.base_state_dict.TensorAwareStateDict",
+        Status.SAME,
+    ),
+    Name(
+        f"{_CKPT}.local.basic_state_dict.BasicTensorAwareStateDict",
+        "nvrx.ft.checkpointing.local.basic_state_dict.BasicTensorAwareStateDict",
+        Status.DIFFERENT,
+        "tensors may also be on the CPU (NVRx asserts CUDA); restore_tensor_device moves "
+        "each back to the device it came from",
+        ("state_dict",),
+    ),
+    *(
+        Name(
+            f"{_CKPT}.local.basic_state_dict.{n}",
+            f"nvrx.ft.checkpointing.local.basic_state_dict.{n}",
+            Status.SAME,
+        )
+        for n in ("TensorPlaceholder", "nested_values", "dict_list_map_inplace")
+    ),
+    Name(
+        f"{_CKPT}.local.ckpt_managers.base_manager.BaseCheckpointManager",
+        "nvrx.ft.checkpointing.local.ckpt_managers.base_manager.BaseCheckpointManager",
+        Status.DIFFERENT,
+        "find_latest is one fixed-size all_gather (no pickled id lists) and counts only "
+        "snapshots whose checksums, version and job identity check out; two snapshots are "
+        "kept per rank, so losing the newest gives the previous complete iteration, not -1; "
+        "a failed save leaves the previous one valid",
+        ("session_id", "repl_strategy", "find_latest", "load", "save"),
+    ),
+    *(
+        Name(
+            f"{_CKPT}.local.ckpt_managers.base_manager.{n}",
+            f"nvrx.ft.checkpointing.local.ckpt_managers.base_manager.{n}",
+            Status.SAME,
+        )
+        for n in ("CkptID", "CheckpointingException", "SameMachineReplicationException")
+    ),
+    Name(
+        f"{_CKPT}.local.ckpt_managers.local_manager.LocalCheckpointManager",
+        "nvrx.ft.checkpointing.local.ckpt_managers.local_manager.LocalCheckpointManager",
+        Status.DIFFERENT,
+        "no pickle: raw tensor bytes + JSON manifest + CRC32 per tensor, so save takes a "
+        "BasicTensorAwareStateDict (not MCore's TensorAwareStateDict) and load returns one; "
+        "NVRx's iter_*_local.pt files are neither written nor read (ephemeral); no 7-digit "
+        "iteration limit; writes and replication run in the background",
+        ("root_local_ckpt_dir", "session_id", "repl_strategy"),
+    ),
+    Name(
+        f"{_CKPT}.local.replication.strategies.CliqueReplicationStrategy",
+        "nvrx.ft.checkpointing.local.replication.strategies.CliqueReplicationStrategy",
+        Status.DIFFERENT,
+        "the replication factor F keeps F-1 copies on other nodes placed by a ring over "
+        "nodes: any node count works (NVRx's cliques need J x F to divide the world size); "
+        "sent host to host in the background on one gloo group, never pickled",
+        ("local_group", "target_device", "from_replication_params"),
+    ),
+    *(
+        Name(
+            f"{_CKPT}.local.replication.strategies.{n}",
+            f"nvrx.ft.checkpointing.local.replication.strategies.{n}",
+            Status.SAME,
+        )
+        for n in (
+            "ReplicationStrategy",
+            "LazyReplicationStrategyBuilder",
+            "LazyCliqueReplicationStrategy",
+            "NoReplicasAvailableError",
+        )
+    ),
+    *(
+        Name(
+            f"{_CKPT}.local.replication.group_utils.{n}",
+            f"nvrx.ft.checkpointing.local.replication.group_utils.{n}",
+            Status.SAME,
+            "kept for imports (Megatron-LM); nvrx's manager does not use it"
+            if n in ("GroupWrapper", "ExchangePlan", "ExchangePlanEntry")
+            else "",
+        )
+        for n in ("GroupWrapper", "ExchangePlan", "ExchangePlanEntry", "parse_group_sequence")
+    ),
+    Name(
+        f"{_CKPT}.async_ckpt.core.AsyncRequest",
+        "nvrx.ft.checkpointing.async_ckpt.core.AsyncRequest",
+        Status.SAME,
+        "",
+        ("async_fn", "async_fn_args", "finalize_fns", "async_fn_kwargs", "preload_fn"),
+    ),
+    Name(
+        f"{_CKPT}.async_ckpt.core.AsyncCallsQueue",
+        "nvrx.ft.checkpointing.async_ckpt.core.AsyncCallsQueue",
+        Status.DIFFERENT,
+        "requests run on a thread of the process (nothing pickled), so persistent=True "
+        "works with local checkpoints too; persistent is accepted and changes nothing",
+        ("persistent",),
+    ),
+    Name(
+        f"{_FT}.dict_utils.dict_list_map_inplace",
+        "nvrx.ft.dict_utils.dict_list_map_inplace",
+        Status.SAME,
+    ),
+    Name(
+        _CKPT,
+        "nvrx.ft.checkpointing",
+        Status.DIFFERENT,
+        "only local checkpoints and the async request queue; NVRx's other async "
+        "checkpointing (filesystem writers, state_dict_saver) is not part of nvrx",
     ),
     Name(
         "nvidia_resiliency_ext.inprocess",
@@ -593,6 +738,17 @@ ADDED_NAMES: tuple[Name, ...] = tuple(
     Name("", ours, Status.ADDED, why)
     for ours, why in (
         ("nvrx.ft.MONITOR_SOCKET_ENV", "the monitor socket variable's name"),
+        (
+            "nvrx.ft.checkpointing.local.LocalCheckpoints",
+            "in-memory, peer-replicated snapshots for a plain PyTorch loop",
+        ),
+        ("nvrx.ft.checkpointing.local.RestoreResult", "what LocalCheckpoints.restore found"),
+        (
+            "nvrx.ft.checkpointing.local.LocalCkptSettings",
+            "local checkpoint settings (ft_launcher gives them in the environment)",
+        ),
+        ("nvrx.ft.checkpointing.local.RestoreSource", "own / peer / global / none"),
+        ("nvrx.ft.dict_utils.nested_values", "the leaves of nested dicts and lists"),
         ("nvrx.ft.CLI_NONE", "what an --ft-<timeout> option stores for none/null"),
         ("nvrx.ft.add_ft_arguments", "adds the --ft-<field> options to a parser"),
         ("nvrx.ft.add_config_arguments", "the same function"),
@@ -1195,6 +1351,14 @@ def _logger_names() -> object:
     )
 
 
+def _ptl_local_default(param: str) -> object:
+    import inspect
+
+    from nvrx.ptl import LocalCheckpointCallback
+
+    return inspect.signature(LocalCheckpointCallback).parameters[param].default
+
+
 def _socket_env() -> object:
     from nvrx.ft import MONITOR_SOCKET_ENV
 
@@ -1544,8 +1708,47 @@ BEHAVIOURS: tuple[Behaviour, ...] = (
     Behaviour(
         "local checkpointing (ptl_resiliency.local_checkpoint_callback, checkpointing.local)",
         "part of NVRx",
-        "not part of nvrx",
-        "outside the four packages; keep NVRx's checkpointing or use Lightning's",
+        "nvrx.ft.checkpointing.local (NVRx's names plus LocalCheckpoints); the Lightning "
+        "pieces in nvrx.ptl.local_checkpoint_callback",
+        "same import paths under the nvrx prefix; see docs/guides/local-checkpoints.md",
+    ),
+    Behaviour(
+        "a corrupt, truncated or other job's local checkpoint",
+        "torch.load raises on that rank while the others wait in the next collective",
+        "checksums, format version and job identity are checked before the agreement; a "
+        "bad snapshot is skipped with one warning and every rank falls back together",
+        "one rank's bad file must never hang the job or load wrong values",
+    ),
+    Behaviour(
+        "a local checkpoint save that fails or does not fit",
+        "finalize deletes the iteration on every rank and raises CheckpointingException",
+        "LocalCheckpoints.save skips with one warning and training goes on; "
+        "LocalCheckpointManager raises at finalize like NVRx; the previous snapshot stays",
+        "a failed save must not cost the last good snapshot",
+    ),
+    Behaviour(
+        "Lightning fit started without ckpt_path while a local snapshot exists",
+        "starts from scratch (Lightning never asks the CheckpointIO)",
+        "resumes from the newest local snapshot (LocalCheckpointCallback(resume_without_path="
+        "False) restores NVRx's outcome); trainer.ckpt_path reads nvrx-local-snapshot:<N>",
+        "a job restarted by ft_launcher resumes with no path logic in the script",
+        probe=lambda: _ptl_local_default("resume_without_path"),
+        expect=True,
+    ),
+    Behaviour(
+        "LocalCheckpointCallback on the plain strategies (single device, DDP)",
+        "trainer.save_checkpoint: rank 0 alone calls the CheckpointIO, so the other ranks "
+        "never save and a collective manager hangs",
+        "every rank hands its own checkpoint to the HierarchicalCheckpointIO; strategies "
+        "that override save_checkpoint (NeMo's MegatronStrategy) are called as in NVRx",
+        "a snapshot is usable only when every rank has one",
+    ),
+    Behaviour(
+        "LocalCheckpointCallback: a local snapshot save fails or an object cannot be stored",
+        "the exception ends the training",
+        "one warning and training goes on; an object that is neither a tensor nor a plain "
+        "value is stored as None and named in a warning (never pickled)",
+        "the previous snapshot and the global checkpoints stay valid",
     ),
 )
 

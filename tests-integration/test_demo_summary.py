@@ -67,3 +67,37 @@ def test_summary_without_the_records_says_so(run_demo: ModuleType, tmp_path: pat
     text, _ = run_demo.summary(tmp_path, 0, 1.0)
     assert "hangs: none" in text
     assert "goodput: no job_goodput record in the journal" in text
+
+
+LOCAL_JOURNAL = [
+    {"event": "checkpoint_restored", "cycle": 0, "source": "none", "iteration": None,
+     "snapshot_wall": None, "restore_s": 0.01, "ranks": {"0": "none", "1": "none"}},
+    {"event": "checkpoint_restored", "cycle": 1, "source": "own", "iteration": 98,
+     "snapshot_wall": 50.0, "restore_s": 0.02, "ranks": {"0": "own", "1": "own"}},
+    {"event": "job_goodput", "summary": {
+        "start": 0.0, "end": 60.0, "total_s": 60.0, "ettr": 0.5, "nodes": 1,
+        "seconds": {"productive": 30.0, "startup": 20.0, "recomputed": 0.09, "exit": 0.0},
+        "by_cause": {"crash": 10.0},
+        "restarts": [{"from_cycle": 0, "cycle": 1, "cause": "crash", "recomputed_s": 0.09,
+                      "restored_from": "own", "restored_iteration": 98}],
+        "unknown": [],
+    }},
+]  # fmt: skip
+
+
+def test_local_summary_says_where_the_state_came_from_and_what_was_lost(
+    run_demo: ModuleType, tmp_path: pathlib.Path
+) -> None:
+    (tmp_path / "journal.jsonl").write_text("".join(json.dumps(r) + "\n" for r in LOCAL_JOURNAL))
+    (tmp_path / "result.json").write_text(
+        json.dumps({"attempt": 1, "global_step": 150, "final_loss": 0.03})
+    )
+    text, ok = run_demo.local_summary(tmp_path, 0, 60.0)
+    assert ok, text
+    lines = text.splitlines()
+    assert "  - cycle 1: restored iteration 98 from this node's memory in 0.02 s" in lines
+    assert "restart 0->1 (crash): work lost 0.09 s, state from own (iteration 98)" in lines
+    assert lines[-1] == "RESULT: the crash cost 0.09 s of work"
+    slow = [*LOCAL_JOURNAL[:2], json.loads(json.dumps(LOCAL_JOURNAL[2]).replace("0.09", "30.0"))]
+    (tmp_path / "journal.jsonl").write_text("".join(json.dumps(r) + "\n" for r in slow))
+    assert not run_demo.local_summary(tmp_path, 0, 60.0)[1]  # more than a few seconds lost

@@ -24,6 +24,7 @@ NOT_VARIABLES = frozenset(
         "FT_RANK_MONITOR_IPC_SOCKET_ENV_VAR",
         "FT_DIR_NAME",
         "FT_STATE_FILENAME",
+        "LOCAL_CKPT_OPTS_KEY",
     }
 )
 

@@ -2,7 +2,7 @@
 
 Each test is a real ``ft_launcher`` run on CPU (gloo, 2 ranks) written from what NeMo,
 NeMo-Run, NeMo-Framework-Launcher, Megatron-LM and Megatron-Bridge document they pass
-to NVRx (see ``../shared/spec/reference/downstream-usage.md``): their launch lines,
+to NVRx (the NeMo and Megatron rows of ``nvrx_surface.py``): their launch lines,
 a whole NeMo job YAML, their constructor keywords, their section names and FT state
 files. Each asserts the outcome NVRx gives. The scripts are ours (``scripts/``), not
 copies of those projects' code.

@@ -8,8 +8,14 @@ and hangs in the second; ft_launcher restarts the job in place each time and tra
 resumes from its last checkpoint. At the end it prints what happened: restarts with
 their causes and durations, the hung rank (named before the rank waiting on it), the
 goodput split (ETTR, time by phase, badput by cause), the straggler report, the final
-loss, and where the logs and JSON reports are. Exit status 0 means the job finished
-after both faults.
+loss, and where the logs and JSON reports are.
+
+Then a second job (``train_local.py``, plain torch DDP) takes an in-memory snapshot of
+every rank's state at every step (``--local-ckpt-every-n-steps=1``); rank 1 crashes
+mid-training and the restarted job resumes from the snapshot of the step before: the
+summary says where the restored state came from (this node's memory) and how much
+work the crash cost (a fraction of a second, where a disk checkpoint every N steps
+loses N/2 steps on average). Exit status 0 means both jobs finished after their faults.
 """
 
 from __future__ import annotations
@@ -26,6 +32,8 @@ from typing import Any
 
 HERE = pathlib.Path(__file__).resolve().parent
 EXPECTED_RESTARTS = 2
+#: The most work the crash in the local-snapshot job may cost, in seconds.
+LOCAL_LOSS_BUDGET_S = 5.0
 
 
 def launcher_command(out: pathlib.Path, args: argparse.Namespace) -> list[str]:
@@ -50,6 +58,29 @@ def launcher_command(out: pathlib.Path, args: argparse.Namespace) -> list[str]:
         f"--out={out}",
         f"--max-steps={args.max_steps}",
         "--faults=kill,hang",
+    ]
+
+
+def local_launcher_command(out: pathlib.Path, args: argparse.Namespace) -> list[str]:
+    """The second job: a snapshot of every rank's state in memory at every step."""
+    ft_launcher = pathlib.Path(sys.executable).parent / "ft_launcher"
+    shm = pathlib.Path("/dev/shm")  # the default base; a private 0700 dir is made in it
+    base = [] if os.access(shm, os.W_OK) else [f"--local-ckpt-dir={out}"]
+    return [
+        str(ft_launcher),
+        "--standalone",
+        "--nproc-per-node=2",
+        "--max-restarts=1",
+        f"--log-dir={out / 'logs' / 'ranks'}",
+        "--tee=3",
+        f"--ft-journal={out / 'journal.jsonl'}",
+        "--ft-initial-rank-heartbeat-timeout=90",
+        f"--ft-rank-heartbeat-timeout={args.heartbeat_timeout}",
+        "--workers-stop-timeout=2",
+        *base,
+        "--local-ckpt-every-n-steps=1",
+        str(HERE / "train_local.py"),
+        f"--out={out}",
     ]
 
 
@@ -183,22 +214,102 @@ def summary(out: pathlib.Path, rc: int, wall: float) -> tuple[str, bool]:
     return "\n".join(lines), ok
 
 
+def describe_restores(journal: list[dict[str, Any]]) -> list[str]:
+    """One line per cycle and node: what the ranks restored (``checkpoint_restored``)."""
+    words = {
+        "own": "this node's memory",
+        "peer": "a peer node's replica",
+        "global": "the global (disk) checkpoint",
+        "none": "nothing: a fresh start",
+    }
+    lines = []
+    for e in journal:
+        if e["event"] != "checkpoint_restored":
+            continue
+        at = "" if e["iteration"] is None else f"iteration {e['iteration']} "
+        lines.append(
+            f"cycle {e['cycle']}: restored {at}from {words.get(e['source'], e['source'])} "
+            f"in {e['restore_s']:.2f} s"
+        )
+    return lines
+
+
+def local_summary(out: pathlib.Path, rc: int, wall: float) -> tuple[str, bool]:
+    """The local-snapshot job: where the state came from and what the crash cost."""
+    journal = read_jsonl(out / "journal.jsonl")
+    result_path = out / "result.json"
+    result = json.loads(result_path.read_text()) if result_path.exists() else None
+    lines = ["", "=" * 72, "local snapshots: a crash with an in-memory snapshot every step"]
+    lines.append("=" * 72)
+    lines.append(f"ft_launcher exit code {rc} after {wall:.1f} s")
+    restores = describe_restores(journal)
+    lines.append("restored state:" if restores else "restored state: no checkpoint_restored")
+    lines += [f"  - {r}" for r in restores]
+    lines += [f"  - attempt {a['attempt']} started at step {a['start_step']} ({a['source']})"
+              for a in read_jsonl(out / "attempts.jsonl")]  # fmt: skip
+    costs = [r for e in journal if e["event"] == "job_goodput" for r in e["summary"]["restarts"]]
+    for cost in costs:
+        lost = cost.get("recomputed_s")
+        lines.append(
+            f"restart {cost['from_cycle']}->{cost['cycle']} ({cost['cause']}): work lost "
+            + ("unknown" if lost is None else f"{lost:.2f} s")
+            + f", state from {cost.get('restored_from') or 'unknown'}"
+            + (
+                ""
+                if cost.get("restored_iteration") is None
+                else f" (iteration {cost['restored_iteration']})"
+            )
+        )
+    lines += describe_goodput(journal)
+    if result is None:
+        lines.append("training did not finish: no result.json")
+    else:
+        lines.append(
+            f"finished at step {result['global_step']} (attempt {result['attempt']}), "
+            f"final loss {result['final_loss']:.4f}"
+        )
+    lines.append(f"outputs: {out}")
+    lost_s = [c.get("recomputed_s") for c in costs]
+    ok = (
+        rc == 0
+        and result is not None
+        and result["attempt"] == 1
+        and len(costs) == 1
+        and costs[0].get("restored_from") == "own"
+        and lost_s[0] is not None
+        and lost_s[0] <= LOCAL_LOSS_BUDGET_S
+    )
+    verdict = f"the crash cost {lost_s[0]:.2f} s of work" if ok and lost_s[0] is not None else ""
+    lines.append("RESULT: " + (verdict if ok else "FAILED"))
+    return "\n".join(lines), ok
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("demo-output"))
     parser.add_argument("--max-steps", type=int, default=600)
     parser.add_argument("--heartbeat-timeout", type=float, default=8.0)
+    parser.add_argument("--only-local", action="store_true", help="run only the local-snapshot job")
     args = parser.parse_args(argv)
     out = args.out.resolve()
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
 
-    command = launcher_command(out, args)
+    ok = True
+    if not args.only_local:
+        command = launcher_command(out, args)
+        print("running:", " ".join(command), flush=True)
+        rc, wall = run_launcher(command, out / "launcher.log")
+        text, ok = summary(out, rc, wall)
+        print(text)
+    local = out / "local"
+    local.mkdir()
+    command = local_launcher_command(local, args)
     print("running:", " ".join(command), flush=True)
-    rc, wall = run_launcher(command, out / "launcher.log")
-    text, ok = summary(out, rc, wall)
+    rc, wall = run_launcher(command, local / "launcher.log")
+    text, local_ok = local_summary(local, rc, wall)
     print(text)
-    return 0 if ok else 1
+    return 0 if ok and local_ok else 1
 
 
 if __name__ == "__main__":

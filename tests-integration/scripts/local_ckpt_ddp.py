@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import math
 import os
 import pathlib
 import signal
@@ -49,6 +50,17 @@ def batch(step: int, rank: int, width: int) -> tuple[torch.Tensor, torch.Tensor]
     return x, x.sum(dim=1, keepdim=True).sin()
 
 
+def exact_mse(out: torch.Tensor, target: torch.Tensor) -> float:
+    """The loss, correctly rounded whatever the memory layout.
+
+    torch's mean is a vectorised sum whose order (and so its last bit) can follow the
+    alignment of the tensor, which differs between processes; the gradient does not
+    depend on it. The elementwise differences are exact, and ``math.fsum`` rounds once.
+    """
+    diffs = (out.detach() - target).flatten().tolist()
+    return math.fsum(d * d for d in diffs) / len(diffs)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--out", type=pathlib.Path, required=True)
@@ -73,11 +85,16 @@ def main() -> int:
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
     client = RankMonitorClient()
     client.init_workload_monitoring()
-    client.send_heartbeat()
+    # The first heartbeat comes after the restore: DDP's first use imports torch._dynamo
+    # and the restore is a collective, both covered by the initial heartbeat timeout.
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(args.width, 128), nn.Tanh(), nn.Linear(128, 1))
-    ddp = DistributedDataParallel(model)
+    # find_unused_parameters: DDP then never rebuilds its gradient buckets after a
+    # process's first iteration. The rebuild changes where each gradient sits in the
+    # all-reduced buffer and so the order of the float sums; a restarted process would
+    # rebuild at a different step from the unfaulted run and differ in the last bits.
+    ddp = DistributedDataParallel(model, find_unused_parameters=True)
     opt = torch.optim.AdamW(ddp.parameters(), lr=1e-2)
 
     def state_of(step: int) -> dict[str, Any]:
@@ -108,6 +125,7 @@ def main() -> int:
         step = load(torch.load(disk, weights_only=True))
         source = "global"
     journal.record("restored", step=step, source=source, restore_s=time.monotonic() - t0)
+    client.send_heartbeat()
 
     loss_fn = nn.MSELoss()
     while step < args.steps:
@@ -117,12 +135,13 @@ def main() -> int:
             os.kill(os.getpid(), signal.SIGKILL if faults[step] == "sigkill" else signal.SIGSTOP)
         x, y = batch(step, rank, args.width)
         opt.zero_grad(set_to_none=True)
-        loss = loss_fn(ddp(x), y)
+        pred = ddp(x)
+        loss = loss_fn(pred, y)
         loss.backward()
         opt.step()
         time.sleep(args.step_time)
         client.send_heartbeat()
-        journal.record("step", step=step, loss=float(loss.item()))
+        journal.record("step", step=step, loss=exact_mse(pred, y))
         if local is not None:
             local.maybe_save(step, state_of(step))
         if step % args.disk_every == 0 and rank == 0:

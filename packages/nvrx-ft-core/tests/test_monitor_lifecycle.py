@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from nvrx.ft import RankMonitorServer, create_runtime_dir
+from nvrx.ft._runtime import release_runtime_dir
 
 if TYPE_CHECKING:
     from tests.conftest import Events, MakeConfig, MonitorFactory, RankFactory
@@ -41,8 +42,8 @@ def test_runtime_dir_is_private_and_unique() -> None:
             assert st.st_mode & 0o777 == 0o700
             assert st.st_uid == os.getuid()
     finally:
-        a.rmdir()
-        b.rmdir()
+        release_runtime_dir(a)
+        release_runtime_dir(b)
 
 
 def test_monitor_refuses_a_shared_directory(

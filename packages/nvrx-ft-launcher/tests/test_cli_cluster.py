@@ -27,7 +27,7 @@ from nvrx.launcher.cli import get_parser, main
             {},
             "--ft-standby-nodes: needs --rdzv-backend c10d or etcd-v2",
         ),
-        ([], {"NVRX_GPUS_PER_NUMA": "two"}, "NVRX_GPUS_PER_NUMA='two'"),
+        ([], {"NVRX_GPUS_PER_NUMA": "two"}, "NVRX_GPUS_PER_NUMA: invalid value 'two'"),
         ([], {"PET_FT_NODE_HEALTH_CHECK_CMD": "/no/such/check"}, "PET_FT_NODE_HEALTH_CHECK_CMD"),
     ],
 )

@@ -408,3 +408,15 @@ def test_nvrx_spellings_of_config_field_options_set_the_field() -> None:
     cfg = FaultToleranceConfig.from_args(args)
     assert cfg.storage_healthcheck_path == "/data"
     assert cfg.segment == 4
+
+
+def test_get_args_parser_is_ft_launchers_parser_under_nvrx_name() -> None:
+    import nvrx.launcher
+
+    args = nvrx.launcher.get_args_parser().parse_args(
+        ["--nproc-per-node", "2", "--ft-rank-heartbeat-timeout", "12", "train.py", "--lr", "1"]
+    )
+    assert args.nproc_per_node == "2"
+    assert args.training_script == "train.py"
+    assert args.training_script_args == ["--lr", "1"]
+    assert "get_args_parser" in nvrx.launcher.__all__

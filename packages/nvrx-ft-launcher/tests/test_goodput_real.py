@@ -72,6 +72,21 @@ def test_a_crash_is_costed_and_the_job_summarised(
     assert "goodput: ETTR " in log, log
     assert "restart 0->1 (crash) cost " in log, log
 
+    # The same journal as a Perfetto timeline: both cycles, the restart's phases, the crash.
+    from nvrx.launcher._trace import job_trace, slices
+
+    trace = job_trace(records)
+    assert [e["name"] for e in slices(trace, "cycles")] == ["cycle 0", "cycle 1"]
+    phases = [e["name"] for e in slices(trace, "phases")]
+    assert phases[phases.index("detection") :][:5] == [
+        "detection",
+        "stop",
+        "rendezvous",
+        "spawn",
+        "first step",
+    ], phases
+    assert any(e["name"] == "rank 1 failed (exit code 1)" for e in slices(trace, "events"))
+
 
 @pytest.mark.timeout(180)
 def test_two_nodes_agree_and_group_rank_0_writes_the_job_summary(
@@ -99,6 +114,8 @@ def test_two_nodes_agree_and_group_rank_0_writes_the_job_summary(
 
     for launcher in launchers:
         assert launcher.wait() == ExitCode.SUCCESS, logs()
+    # Two nodes and no job key: each launcher warns (another machine reaches the store).
+    assert all("WARNING: no job key" in str(launcher.log()) for launcher in launchers), logs()
     records = [json.loads(line) for path in journals for line in path.read_text().splitlines()]
     validator = jsonschema.Draft202012Validator(json.loads(schema_path("journal").read_text()))
     for record in records:

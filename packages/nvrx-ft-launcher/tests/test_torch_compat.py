@@ -57,8 +57,14 @@ def _handler() -> dynamic_rendezvous.DynamicRendezvousHandler:
 def test_tested_torch_range_and_warning(caplog: pytest.LogCaptureFixture) -> None:
     assert compat.untested_torch(torch.__version__) is None, "this torch is outside TESTED_TORCH"
     assert compat.untested_torch("2.13.0+cpu") is None
-    assert "tested on torch 2.12 to 2.13, not 2.14.0" in str(compat.untested_torch("2.14.0"))
+    assert "tested on torch 2.13 to 2.13, not 2.14.0" in str(compat.untested_torch("2.14.0"))
     assert compat.untested_torch("2.11.1") is not None
+    assert compat.untested_torch("2.13.0") is None
+    assert compat.untested_torch("2.12.1") is not None
+    assert compat.untested_torch("2.13.1+cu130") is None
+    assert compat.untested_torch("2.14.0a0+git1234") is not None  # a nightly of the next one
+    assert compat.untested_torch("2.13.0rc1") is not None
+    assert compat.untested_torch("garbage") is not None
     compat._warned = False
     with caplog.at_level(logging.WARNING, logger="nvrx.launcher"):
         compat.warn_if_untested("3.0.0")

@@ -66,6 +66,27 @@ def _fault_matches(spec: str | None, rank: int, step: int, cycle: int) -> str | 
     return kind
 
 
+def _write_restore_record(ckpt: pathlib.Path | None, rank: int, cycle: int, step: int) -> None:
+    """What a rank using local checkpoints tells its launcher it restored (the contract)."""
+    from nvrx.ft.checkpointing.local import _contract as contract
+
+    settings = contract.LocalCkptSettings.from_env()
+    assert settings is not None, "the launcher gave no local checkpoint settings"
+    contract.write_restore_record(
+        settings.node_dir,
+        contract.RestoreRecord(
+            restart_count=cycle,
+            rank=rank,
+            local_rank=int(os.environ["LOCAL_RANK"]),
+            source=contract.RestoreSource.OWN if ckpt else contract.RestoreSource.NONE,
+            iteration=step if ckpt else None,
+            snapshot_wall=ckpt.stat().st_mtime if ckpt else None,
+            restore_s=0.01,
+            wall=time.time(),
+        ),
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True, type=pathlib.Path)
@@ -77,6 +98,7 @@ def main() -> int:
     parser.add_argument("--exit0-on-sigterm", action="store_true")
     parser.add_argument("--spawn-child", action="store_true")
     parser.add_argument("--record", action="store_true")
+    parser.add_argument("--restore-record", action="store_true")
     args = parser.parse_args()
     if args.ignore_sigterm:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -110,6 +132,8 @@ def main() -> int:
     if ckpt.exists() and not args.no_checkpoint:
         start = int(json.loads(ckpt.read_text())["step"])
     _log(out, event="resume", rank=rank, cycle=cycle, step=start)
+    if args.restore_record:
+        _write_restore_record(ckpt if start else None, rank, cycle, start)
 
     value = torch.ones(1)
     for step in range(start + 1, args.steps + 1):

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from nvrx.straggler import Statistic, StragglerDetector
-from nvrx.straggler._cupti_timer import CuptiKernelTimer, make_kernel_timer
+from nvrx.straggler._cupti_timer import CuptiKernelTimer, cuda_major_mismatch, make_kernel_timer
 
 
 class ActivityKind(enum.IntEnum):
@@ -291,3 +291,26 @@ def test_the_real_multiple_subscribers_error_is_recognised() -> None:
     assert not timer.status.available
     assert "another CUPTI subscriber" in (timer.status.reason or "")
     assert fake.completed is None
+
+
+@pytest.mark.parametrize(
+    ("cupti", "cuda", "extra"),
+    [
+        ("13.4.0", "12.8", "cupti-cu12"),
+        ("12.8.0", "13.0", "cupti-cu13"),
+    ],
+)
+def test_a_cupti_of_another_cuda_major_is_refused_naming_the_extra(
+    cupti: str, cuda: str, extra: str
+) -> None:
+    why = cuda_major_mismatch(cupti, cuda)
+    assert why is not None
+    assert f"cupti-python {cupti} is for CUDA {cupti.split('.')[0]}" in why
+    assert f"nvrx-straggler[{extra}]" in why
+
+
+@pytest.mark.parametrize(
+    ("cupti", "cuda"), [("13.4.0", "13.0"), ("12.8.0", "12.6"), (None, "13.0"), ("13.4.0", None)]
+)
+def test_matching_or_unknown_cuda_majors_are_accepted(cupti: str | None, cuda: str | None) -> None:
+    assert cuda_major_mismatch(cupti, cuda) is None

@@ -18,9 +18,11 @@ from nvrx.straggler import (
 
 
 def test_not_initialized_is_a_clear_error() -> None:
-    with pytest.raises(RuntimeError, match="not initialized"):
+    # NVRx's words first (users match them), then what to do.
+    says = r"^Detector is not initialized\. Call Detector\.initialize\(\.\.\.\) first"
+    with pytest.raises(RuntimeError, match=says):
         Detector.detection_section("x")
-    with pytest.raises(RuntimeError, match="not initialized"):
+    with pytest.raises(RuntimeError, match=says):
         Detector.generate_report()
     with pytest.raises(RuntimeError, match="should not be instantiated"):
         Detector()

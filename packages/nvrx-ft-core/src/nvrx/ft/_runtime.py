@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import logging
 import os
 import pathlib
@@ -17,6 +18,7 @@ __all__ = [
     "check_socket_path_length",
     "check_trusted_path",
     "create_runtime_dir",
+    "release_runtime_dir",
     "remove_stale_runtime_dirs",
 ]
 
@@ -25,6 +27,14 @@ SOCKET_PATH_MAX = 107
 # Room left for the longest socket name we put in the directory ("monitor-NNNN.sock.beat").
 _NAME_ROOM = 24
 _logger = logging.getLogger("nvrx.ft.runtime")
+#: The file in every runtime directory that its owner keeps flock()ed for its lifetime.
+#: flock() is held by the kernel on the open file, not by pid, so whether the owner still
+#: lives can be told from any pid namespace that sees the same file system.
+OWNER_LOCK_NAME = ".owner.lock"
+#: Linux's PID_MAX_LIMIT (2**22): no pid is larger, on any configuration.
+_PID_MAX = 1 << 22
+# Lock fds of the directories this process owns, by path; closed by release_runtime_dir.
+_held_locks: dict[str, int] = {}
 _FIX = (
     "put the socket in a directory only you can enter: nvrx.ft.create_runtime_dir() makes "
     "one, or `mkdir -m 700 DIR`"
@@ -85,24 +95,59 @@ def _usable_base(path: str | None) -> bool:
     )
 
 
-def _pid_alive(pid: int) -> bool:
+def _owner_pid(text: str) -> int | None:
+    """The pid a runtime directory's name holds, None unless it is a possible Linux pid."""
+    if len(text) > 7 or not text.isdigit():
+        return None
+    pid = int(text)
+    return pid if 0 < pid <= _PID_MAX else None
+
+
+def _owner_is_gone(path: str) -> bool:
+    """True only when we could take the owner lock of directory ``path``: its owner is dead.
+
+    A directory without the lock file (one that is being made, or made by an older
+    version) or with anything odd about it is never judged gone. The lock is released
+    when this returns; a directory judged gone is not used again by anyone (names are
+    unique), so removing it afterwards races with nobody but another cleaner.
+    """
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        dir_fd = os.open(path, flags | os.O_DIRECTORY)
+    except OSError:
         return False
-    except PermissionError:
-        return True  # someone else's process: not a dead launcher of ours
-    return True
+    try:
+        try:
+            fd = os.open(OWNER_LOCK_NAME, flags | os.O_NONBLOCK, dir_fd=dir_fd)
+        except OSError:
+            return False  # no lock protocol (old format): cannot prove the owner dead
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
+                return False
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                return False  # held: the owner lives, whichever pid namespace it is in
+            return True
+        finally:
+            os.close(fd)
+    finally:
+        os.close(dir_fd)
 
 
 def remove_stale_runtime_dirs(base: str | os.PathLike[str], prefix: str = "nvrx-") -> list[str]:
     """Remove runtime directories under ``base`` left by our launchers that are dead.
 
-    Only directories named ``<prefix><pid>-*`` (what :func:`create_runtime_dir` makes),
-    owned by us, private (0700), not symlinks, whose pid is no longer running are
-    removed (a SIGKILLed launcher cannot remove its own). Returns the removed paths.
+    Only directories named ``<prefix><pid>-*`` (what :func:`create_runtime_dir` makes,
+    with a pid Linux could give), owned by us, private (0700) and not symlinks are
+    considered, and one is removed only when its owner lock (``.owner.lock``, flock()ed
+    by the owner for its lifetime) can be taken: that proves the owner dead even when
+    it runs in another pid namespace (containers sharing /tmp and a uid), where its pid
+    means nothing. A directory without the lock file (made by a version before the lock,
+    or caught while being made) is always kept. Returns the removed paths.
     """
-    pattern = re.compile(re.escape(prefix) + r"(\d+)-[A-Za-z0-9_]+\Z")
+    pattern = re.compile(re.escape(prefix) + r"([0-9]+)-[A-Za-z0-9_]+\Z")
     removed: list[str] = []
     try:
         entries = list(os.scandir(base))
@@ -110,7 +155,7 @@ def remove_stale_runtime_dirs(base: str | os.PathLike[str], prefix: str = "nvrx-
         return removed
     for entry in entries:
         match = pattern.match(entry.name)
-        if match is None:
+        if match is None or _owner_pid(match.group(1)) is None:
             continue
         try:
             st = entry.stat(follow_symlinks=False)
@@ -120,7 +165,8 @@ def remove_stale_runtime_dirs(base: str | os.PathLike[str], prefix: str = "nvrx-
             not stat.S_ISDIR(st.st_mode)
             or st.st_uid != os.getuid()
             or st.st_mode & 0o077
-            or _pid_alive(int(match.group(1)))
+            or entry.path in _held_locks
+            or not _owner_is_gone(entry.path)
         ):
             continue
         with contextlib.suppress(OSError):
@@ -131,14 +177,63 @@ def remove_stale_runtime_dirs(base: str | os.PathLike[str], prefix: str = "nvrx-
     return removed
 
 
+def _take_owner_lock(path: pathlib.Path) -> int:
+    """Create ``path``/.owner.lock already locked by us; returns the fd to keep open.
+
+    The file is made and locked under a temporary name, then renamed into place, so a
+    cleaner never sees the lock file unlocked while we live. The fd is close-on-exec:
+    processes we exec do not hold it (a forked child that does not exec does, and then
+    the directory counts as in use while that child lives, which is true).
+    """
+    fd, tmp = tempfile.mkstemp(prefix=".lock-", dir=path)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.rename(tmp, path / OWNER_LOCK_NAME)
+    except BaseException:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return fd
+
+
+def _close_released_locks() -> None:
+    """Close the lock fds of our directories someone already removed (rmtree by hand)."""
+    for path, fd in list(_held_locks.items()):
+        try:
+            gone = os.fstat(fd).st_nlink == 0
+        except OSError:
+            gone = True
+        if gone:
+            _held_locks.pop(path, None)
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+def release_runtime_dir(path: str | os.PathLike[str]) -> None:
+    """Remove a directory :func:`create_runtime_dir` made and drop its owner lock.
+
+    Never raises: a directory already gone is fine.
+    """
+    where = os.fspath(path)
+    shutil.rmtree(where, ignore_errors=True)
+    fd = _held_locks.pop(where, None)
+    if fd is not None:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+
 def create_runtime_dir(prefix: str = "nvrx-") -> pathlib.Path:
     """Create a new directory only this user can enter (0700), unique per call.
 
     It goes under ``$XDG_RUNTIME_DIR`` when that is usable (ours, writable, short
     enough for socket paths, and no component another user could redirect), else
     under the system temp dir (checked the same way, PermissionError if it fails).
-    Its name carries our pid, so directories of launchers that died without removing
-    theirs are removed here. The caller removes the new one.
+    This process holds an flock() on ``.owner.lock`` in it for as long as it lives (or
+    until :func:`release_runtime_dir`), so directories of launchers that died without
+    removing theirs are found and removed here, and live ones are kept whatever pid
+    namespace their owner is in. The caller removes the new one
+    (:func:`release_runtime_dir`, or by hand).
     """
     xdg = os.environ.get("XDG_RUNTIME_DIR")
     if _usable_base(xdg):
@@ -146,9 +241,15 @@ def create_runtime_dir(prefix: str = "nvrx-") -> pathlib.Path:
         base = check_trusted_path(xdg)
     else:
         base = check_trusted_path(tempfile.gettempdir())
+    _close_released_locks()
     remove_stale_runtime_dirs(base, prefix)
     path = pathlib.Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=base))
-    os.chmod(path, 0o700)
+    try:
+        os.chmod(path, 0o700)
+        _held_locks[os.fspath(path)] = _take_owner_lock(path)
+    except BaseException:
+        shutil.rmtree(path, ignore_errors=True)
+        raise
     return path
 
 

@@ -298,7 +298,7 @@ class StragglerScores:
         return cls.from_dict(
             _document(
                 report,
-                written_at=time.time() if written_at is None else written_at,
+                written_at=time.time() if written_at is None else written_at,  # wall clock: label
                 window_start=window_start,
                 window_end=window_end,
                 forward_section=forward_section,
@@ -560,7 +560,7 @@ def publish_straggler_report(
         if not where:
             return False
         fields = {
-            "written_at": time.time(),
+            "written_at": time.time(),  # wall clock: label
             "window_start": window_start,
             "window_end": window_end,
             "forward_section": forward_section,

@@ -127,7 +127,7 @@ class _Watched:
 
 def _hang_evidence(event: MonitorEvent, snap: RankSnapshot, init_ns: int) -> MonitorEvent:
     """The event with the rank's last activity: heartbeat, section open or close."""
-    now_ns, now_wall = time.monotonic_ns(), time.time()
+    now_ns, now_wall = time.monotonic_ns(), time.time()  # wall clock: label
     opened = [t for _, t in snap.open_sections]
     last = max([snap.last_hb_ns, snap.oos_since_ns, *opened, init_ns])
     age_s = max(now_ns - last, 0) / _NS
@@ -394,7 +394,7 @@ class RankMonitorServer:
                 local_rank=self.local_rank,
                 rank=watched.rank,
                 pid=watched.proc.pid,
-                step_wall=round(time.time() - age_s, 6),
+                step_wall=round(time.time() - age_s, 6),  # wall clock: label
                 since_init_s=round(max(at_ns - watched.init_ns, 0) / _NS, 6),
                 via=via,
             )

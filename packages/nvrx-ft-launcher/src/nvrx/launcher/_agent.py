@@ -52,6 +52,7 @@ from ._cycle_steps import CycleSteps
 from ._deterministic import FailureSignature, RankOutcome, cycle_signature, repeats
 from ._events import (
     AllNodesFinished,
+    CheckpointRestored,
     DecisionTaken,
     FirstStep,
     HangAttributed,
@@ -73,6 +74,7 @@ from ._events import (
     WorkloadControl,
 )
 from ._job_key import KEY_ENV, KEY_FILE_ENV, load_job_key
+from ._local_ckpt import RestoreWatch
 from ._monitors import MonitorSupervisor
 from ._numa import NumaPlan
 from ._policy import Progress, RestartPolicy, Trigger, decide, leaves_job, trigger_of
@@ -120,6 +122,11 @@ class _Cycle:
     connected: set[int] = dataclasses.field(default_factory=set)
     terminated: dict[int, MonitorEvent] = dataclasses.field(default_factory=dict)
     first_report: float | None = None
+    #: Monotonic twins of ``started`` and ``first_report`` (those two label records;
+    #: every wait and duration is measured on these, immune to wall-clock steps).
+    started_mono: float = dataclasses.field(default_factory=time.monotonic)
+    first_report_mono: float | None = None
+    noticed_mono: float = dataclasses.field(default_factory=time.monotonic)
     spares_started: bool = False
     #: The first ShutdownWorkload and ExcludeThisNode requests of the cycle, kept until
     #: a decision ends it (also those that arrive while waiting for hang evidence).
@@ -162,8 +169,12 @@ class _RankPids:
         return False
 
 
-def _job_key() -> bytes | None:
-    """The job key from the environment (kept from the ranks), warning when there is none."""
+def _job_key(multi_node: bool) -> bytes | None:
+    """The job key from the environment (kept from the ranks).
+
+    Without one a multi-node job warns (another machine can reach its store); a
+    single-node job says so at INFO, with what to do on a shared machine.
+    """
     try:
         key = load_job_key(os.environ)
     except ValueError as exc:
@@ -171,11 +182,19 @@ def _job_key() -> bytes | None:
     # The ranks and everything they start inherit the environment; they need no key.
     os.environ.pop(KEY_ENV, None)
     os.environ.pop(KEY_FILE_ENV, None)
-    if key is None:
+    if key is None and multi_node:
         logger.warning(
             "no job key (%s or %s): job decisions in the rendezvous store are not "
             "authenticated, so anyone who can reach the store's port can stop or restart "
             "this job; see the launcher guide, 'Securing the rendezvous store'",
+            KEY_ENV,
+            KEY_FILE_ENV,
+        )
+    elif key is None:
+        logger.info(
+            "single node without a job key: on a machine shared with other users, set %s "
+            "or %s so only this job's launchers can steer it (launcher guide, 'Securing "
+            "the rendezvous store')",
             KEY_ENV,
             KEY_FILE_ENV,
         )
@@ -226,6 +245,8 @@ class FtAgent(LocalElasticAgent):
         metrics: NullRecorder = NULL_RECORDER,
         cluster: ClusterOptions | None = None,
         numa: NumaPlan | None = None,
+        local_ckpt_dir: str | os.PathLike[str] | None = None,
+        multi_node: bool = True,
     ) -> None:
         super().__init__(
             spec,
@@ -237,7 +258,7 @@ class FtAgent(LocalElasticAgent):
         )
         compat.warn_if_untested()
         self._policy = policy
-        self._job_key = _job_key()
+        self._job_key = _job_key(multi_node)
         if policy.progress_file is not None:
             try:
                 check_progress_file(policy.progress_file)
@@ -256,7 +277,7 @@ class FtAgent(LocalElasticAgent):
         recorder.journal.on_record = self._account
         self._coord: JobCoordinator | None = None
         self._state = JobState()
-        self._cycle = _Cycle(number=0, started=time.time(), progress=None)
+        self._cycle = _Cycle(number=0, started=time.time(), progress=None)  # wall clock: label
         #: The last failed cycle's deterministic-looking failure (see ._deterministic).
         self._last_signature: FailureSignature | None = None
         self._rank_pids = _RankPids()
@@ -286,6 +307,8 @@ class FtAgent(LocalElasticAgent):
             metrics=self._metrics,
         )
         os.environ[STRAGGLER_SCORES_ENV] = self._straggler.path  # the ranks inherit it
+        # What the ranks restored from local checkpoints, journalled once per cycle.
+        self._restores = None if local_ckpt_dir is None else RestoreWatch(local_ckpt_dir)
 
     # -- goodput -------------------------------------------------------------------
 
@@ -302,7 +325,7 @@ class FtAgent(LocalElasticAgent):
 
     def _cycle_goodput(self) -> CycleGoodput | None:
         """The job's goodput so far, for the cycle-info file (None before any time passed)."""
-        summary = self._ledger.summary(now=time.time())
+        summary = self._ledger.summary(now=time.time())  # wall clock: label
         if summary.ettr is None:
             return None
         productive = min(summary.seconds[goodput.Phase.PRODUCTIVE], summary.total_s)
@@ -321,7 +344,7 @@ class FtAgent(LocalElasticAgent):
         if self._metrics is NULL_RECORDER:
             return
         try:
-            costs = self._ledger.summary(now=time.time()).restarts
+            costs = self._ledger.summary(now=time.time()).restarts  # wall clock: label
             cost = next((c for c in costs if c.from_cycle == from_cycle), None)
         except Exception as exc:  # accounting never stops training
             logger.debug("restart metrics: %r", exc)
@@ -341,7 +364,7 @@ class FtAgent(LocalElasticAgent):
             return
         self._next_goodput_gauge = now + _GOODPUT_GAUGE_PERIOD_S
         try:
-            self._metrics.goodput(self._ledger.summary(now=time.time()))
+            self._metrics.goodput(self._ledger.summary(now=time.time()))  # wall clock: label
         except Exception as exc:  # accounting never stops training
             logger.debug("goodput gauges: %r", exc)
 
@@ -356,7 +379,7 @@ class FtAgent(LocalElasticAgent):
         """
         self._read_straggler_scores(now=True)
         try:
-            now = time.time()
+            now = time.time()  # wall clock: label (the ledger's timeline is record labels)
             summary = self._ledger.summary(now=now)
             if (self._worker_group.group_world_size or 1) <= 1:
                 logger.info("%s", summary.format())
@@ -413,7 +436,7 @@ class FtAgent(LocalElasticAgent):
         try:
             self._straggler.show(scores)
             wait = self._straggler.wait(scores)
-            worst = scores.worst("relative")
+            worst = self._straggler.worst(scores)
             self._recorder.record(
                 StragglerReported(
                     cycle=self._cycle.number if cycle is None else cycle,
@@ -423,7 +446,7 @@ class FtAgent(LocalElasticAgent):
                     wait_fraction=None if wait is None else wait.fraction,
                     forward_section=scores.forward_section,
                     step_section=scores.step_section,
-                    ranks=len(scores.ranks),
+                    ranks=self._straggler.rank_count(scores),
                     worst_rank=None if worst is None else worst[0],
                     worst_score=None if worst is None else worst[1],
                 )
@@ -448,8 +471,9 @@ class FtAgent(LocalElasticAgent):
         """SIGKILL the process group of every worker still alive and reap it.
 
         The launcher's last resort on the way out (e.g. a second signal cut the
-        graceful stop short): no rank may outlive it.
+        graceful stop short): no rank may outlive it, nor a straggler-report reader.
         """
+        self._straggler.close()
         pc = compat.worker_processes(self)
         if pc is None:
             return
@@ -512,7 +536,7 @@ class FtAgent(LocalElasticAgent):
             self._read_straggler_scores(now=True)
         self._cycle = _Cycle(
             number=self._state.cycle,
-            started=time.time(),
+            started=time.time(),  # wall clock: label
             progress=read_progress(self._policy.progress_file),
         )
         # The new cycle's rank 0 (maybe on another node, in a smaller world) reports anew:
@@ -526,6 +550,8 @@ class FtAgent(LocalElasticAgent):
             {w.local_rank: w.global_rank for w in worker_group.workers},
         )
         self._cycle_started = True
+        if self._restores is not None:
+            self._restores.start_cycle(self._cycle.number, worker_group.spec.local_world_size)
         with spare_handlers(self._spares) as handlers:
             worker_ids: dict[int, Any] = super()._start_workers(worker_group)
         self._rank_pids.new_cycle(worker_ids.values())
@@ -650,12 +676,14 @@ class FtAgent(LocalElasticAgent):
         return self._coord
 
     def _tick(self) -> RunResult | None:
-        noticed = time.time()
+        noticed = time.time()  # wall clock: label
+        self._cycle.noticed_mono = time.monotonic()
         wg = self._worker_group
         causes: list[str] = []
         self._handle_events(self._monitors.drain_events(), noticed)
         self._maybe_start_spares(wg.spec.local_world_size)
         self._journal_progress()
+        self._journal_restore()
         self._read_straggler_scores()
         self._update_goodput_gauges()
         for local_rank, code in sorted(self._monitors.dead().items()):
@@ -766,6 +794,7 @@ class FtAgent(LocalElasticAgent):
                 self._cycle.terminated[event.local_rank] = event
                 if self._cycle.first_report is None:
                     self._cycle.first_report = noticed
+                    self._cycle.first_report_mono = time.monotonic()
                 self._recorder.record(
                     RankTerminatedByMonitor(
                         cycle=self._cycle.number,
@@ -827,6 +856,7 @@ class FtAgent(LocalElasticAgent):
         if cycle.first_step_recorded or len(cycle.first_steps) < local:
             return
         cycle.first_step_recorded = True
+        self._journal_restore(final=True)  # the restore came before: its record first
         steps = cycle.first_steps.values()
         self._recorder.record(
             FirstStep(
@@ -835,6 +865,41 @@ class FtAgent(LocalElasticAgent):
                 since_init_s=max(e.since_init_s or 0.0 for e in steps),
                 local_ranks=sorted(cycle.first_steps),
             )
+        )
+
+    def _journal_restore(self, *, final: bool = False) -> None:
+        """Journal what this node's ranks restored this cycle, once (local checkpoints).
+
+        ``final``: the first step or the cycle's end, when the records there are all
+        there will be. Reading them never stops the job.
+        """
+        if self._restores is None:
+            return
+        try:
+            restore = self._restores.poll(final=final)
+        except Exception as exc:  # a record for information never stops the job
+            logger.debug("restore records: %r", exc)
+            return
+        if restore is None:
+            return
+        self._recorder.record(
+            CheckpointRestored(
+                cycle=self._cycle.number,
+                source=restore.source,
+                iteration=restore.iteration,
+                snapshot_wall=restore.snapshot_wall,
+                restore_s=restore.restore_s,
+                ranks=restore.ranks,
+            )
+        )
+        at = "" if restore.iteration is None else f" iteration {restore.iteration}"
+        logger.info(
+            "cycle %d: ranks restored%s from %s in %.2f s (%s)",
+            self._cycle.number,
+            at,
+            restore.source,
+            restore.restore_s,
+            ", ".join(f"local rank {r}: {s}" for r, s in restore.ranks.items()),
         )
 
     def _hang_evidence(self) -> list[RankEvidence]:
@@ -848,20 +913,20 @@ class FtAgent(LocalElasticAgent):
         victim's report follows its own stack dump pause; deciding on the culprit's alone
         would leave the victims unseen. Returns whether it waited.
         """
-        if not self._hang_evidence() or self._cycle.first_report is None:
+        if not self._hang_evidence() or self._cycle.first_report_mono is None:
             return False
         pc = compat.worker_processes(self)
         handlers = {} if pc is None else pc.subprocess_handlers
-        deadline = self._cycle.first_report + _HANG_EVIDENCE_WAIT_S
+        deadline = self._cycle.first_report_mono + _HANG_EVIDENCE_WAIT_S
         while True:
             exited = {r for r, h in handlers.items() if h.proc.poll() is not None}
             if all(r in self._cycle.terminated or r in exited for r in handlers):
                 return True
-            left = deadline - time.time()
+            left = deadline - time.monotonic()
             if left <= 0:
                 return True
             self._wait(min(left, 0.05))
-            self._handle_events(self._monitors.drain_events(), time.time())
+            self._handle_events(self._monitors.drain_events(), time.time())  # wall clock: label
 
     def _attribute_hang(self) -> CulpritFinding | None:
         """Name the hung rank of this cycle (or say why not); journaled and logged once."""
@@ -880,7 +945,7 @@ class FtAgent(LocalElasticAgent):
         if self._spares is None or self._cycle.spares_started:
             return
         up = len(self._cycle.connected) >= local_world_size
-        if up or time.time() - self._cycle.started >= _SPARES_AFTER_S:
+        if up or time.monotonic() - self._cycle.started_mono >= _SPARES_AFTER_S:
             self._cycle.spares_started = True
             started = self._spares.fill()
             logger.debug("warm spares started for local ranks %s", started)
@@ -1018,6 +1083,7 @@ class FtAgent(LocalElasticAgent):
         action = "exclude" if excluded else decision.action.value
         exit_code = int(ExitCode.NODE_EXCLUDED) if excluded else decision.exit_code
         cycle = self._cycle.number
+        self._journal_restore(final=True)
         self._recorder.record(
             DecisionTaken(
                 cycle=cycle,
@@ -1032,10 +1098,10 @@ class FtAgent(LocalElasticAgent):
                 trigger=trigger_of(decision).value,
             )
         )
-        t0 = time.time()
+        t0_mono, noticed_mono = time.monotonic(), self._cycle.noticed_mono
         self._stop_workers(wg)
         wg.state = WorkerState.STOPPED
-        stopped = time.time()
+        stopped, stopped_mono = time.time(), time.monotonic()  # wall clock: label
         self._recorder.record(WorkersStopped(cycle=cycle, workers_stopped=stopped))
         if action != "restart":
             if excluded:
@@ -1062,26 +1128,27 @@ class FtAgent(LocalElasticAgent):
             "decided here" if local else f"decided by {decision.node}",
             decision.reason,
         )
-        detect = None if self._cycle.first_report is None else noticed - self._cycle.first_report
+        first_mono = self._cycle.first_report_mono
+        detect = None if first_mono is None else self._cycle.noticed_mono - first_mono
         try:
             self._rendezvous(wg)
         except BaseException as exc:
             error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
             self._recorder.record(RestartFailed(cycle=cycle, error=error))
             raise
-        rendezvous_done = time.time()
+        rendezvous_done, rendezvous_mono = time.time(), time.monotonic()  # wall clock: label
         worker_ids = self._start_workers(wg)
         for local_rank, worker_id in worker_ids.items():
             wg.workers[local_rank].id = worker_id
         wg.state = WorkerState.HEALTHY
-        started = time.time()
+        started, started_mono = time.time(), time.monotonic()  # wall clock: label
         logger.warning(
             "restarted in %.2f s (stop %.2f s, rendezvous %.2f s, start %.2f s); "
             "TORCHELASTIC_RESTART_COUNT=%d",
-            started - t0,
-            stopped - t0,
-            rendezvous_done - stopped,
-            started - rendezvous_done,
+            started_mono - t0_mono,
+            stopped_mono - t0_mono,
+            rendezvous_mono - stopped_mono,
+            started_mono - rendezvous_mono,
             decision.state.cycle,
         )
         self._recorder.record(
@@ -1090,10 +1157,10 @@ class FtAgent(LocalElasticAgent):
                 cycle=decision.state.cycle,
                 charged=decision.charged,
                 detect_s=detect,
-                stop_s=stopped - t0,
-                rendezvous_s=rendezvous_done - stopped,
-                spawn_s=started - rendezvous_done,
-                total_s=started - noticed,
+                stop_s=stopped_mono - t0_mono,
+                rendezvous_s=rendezvous_mono - stopped_mono,
+                spawn_s=started_mono - rendezvous_mono,
+                total_s=started_mono - noticed_mono,
                 failure_noticed=noticed,
                 workers_stopped=stopped,
                 rendezvous_done=rendezvous_done,
@@ -1110,12 +1177,14 @@ class FtAgent(LocalElasticAgent):
         world = self._worker_group.group_world_size or 1
         logger.debug("local workers finished")
         coord.arrive(cycle)
+        self._journal_restore(final=True)
         deadline = time.monotonic() + self._policy.exit_barrier_timeout
         logger.info("local workers finished; waiting for %d node(s) in all", world)
         while coord.arrived(cycle) < world:
             decision = coord.decided(cycle)
             if decision is not None:
-                return self._apply(decision, time.time())
+                self._cycle.noticed_mono = time.monotonic()
+                return self._apply(decision, time.time())  # wall clock: label
             if time.monotonic() > deadline:
                 logger.error(
                     "gave up waiting for the other nodes after %.0f s",

@@ -17,7 +17,9 @@ which ft_launcher makes the job-wide cycle number.
 
 from __future__ import annotations
 
+import logging
 import os
+import stat
 
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, LogsDest, Std
 
@@ -36,6 +38,35 @@ def check_prefix(prefix: str) -> str | None:
     if not os.path.basename(prefix):
         return "expected a file name after the directory"
     return None
+
+
+logger = logging.getLogger("nvrx.launcher")
+_CLAIM_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+def _claimed(path: str) -> str:
+    """``path``, made our regular file before torch opens it; os.devnull if it cannot be.
+
+    torch opens the rank's log with ``open(path, "w")``, which follows a symlink: one
+    another user planted in a shared directory would have the rank's output truncate
+    and overwrite that user's victim. Creating the file here without following a final
+    symlink makes it ours (in a sticky directory nobody else can then replace it; a
+    world-writable one without the sticky bit is refused at start-up). A path that is a
+    symlink or not a regular file is not written: that rank's output is dropped, with
+    an ERROR naming the path.
+    """
+    try:
+        fd = os.open(path, _CLAIM_FLAGS, 0o644)
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+                raise OSError(f"not a regular file of ours (mode {st.st_mode:o}, uid {st.st_uid})")
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        logger.error("per-cycle log %s is not written: %s (a symlink is never followed)", path, exc)
+        return os.devnull
+    return path
 
 
 def cycle_log_paths(prefix: str, cycle: int, rank: int) -> tuple[str, str]:
@@ -65,7 +96,7 @@ class PerCycleLogsSpecs(DefaultLogsSpecs):
         for local_rank, env in envs.items():
             cycle = int(env.get("TORCHELASTIC_RESTART_COUNT", "0"))
             rank = int(env.get("RANK", str(local_rank)))
-            out, err = cycle_log_paths(self.prefix, cycle, rank)
+            out, err = (_claimed(p) for p in cycle_log_paths(self.prefix, cycle, rank))
             dest.stdouts[local_rank], dest.stderrs[local_rank] = out, err
             if local_rank in dest.tee_stdouts:
                 dest.tee_stdouts[local_rank] = out

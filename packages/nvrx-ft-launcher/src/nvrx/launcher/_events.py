@@ -180,6 +180,29 @@ class NodeReplaced(Event):
 
 
 @dataclasses.dataclass(frozen=True)
+class CheckpointRestored(Event):
+    """What this node's ranks restored at the start of a cycle (their restore records).
+
+    From ``nvrx.ft.checkpointing.local``: one record per cycle and node, once every
+    local rank wrote its record (or at the first step, with those that did).
+    """
+
+    EVENT: ClassVar[str] = "checkpoint_restored"
+    cycle: int
+    #: The node's source: ``own``, ``peer``, ``global`` or ``none`` (the first of these
+    #: in the order global, none, peer, own that any local rank reports).
+    source: str
+    #: The restored iteration (the lowest over the local ranks; None: not said).
+    iteration: int | None
+    #: When the restored snapshot's state was taken (Unix time; None: not a snapshot).
+    snapshot_wall: float | None
+    #: The longest restore of a local rank (agreement, fetch, load), seconds.
+    restore_s: float
+    #: Local rank -> its source.
+    ranks: dict[int, str]
+
+
+@dataclasses.dataclass(frozen=True)
 class SegmentLeft(Event):
     """This node's segment lost a node: it leaves the job (exit 3) with its segment.
 
@@ -495,7 +518,7 @@ class Recorder:
     def record(self, event: Event) -> None:
         """Write ``event`` (and the cycle record it completes); never raises for I/O."""
         record = event.to_record()
-        record["t"] = time.time()
+        record["t"] = time.time()  # wall clock: label
         self._journal.write(record)
         if self._journal.node is not None:
             record.setdefault("node", self._journal.node)

@@ -36,6 +36,7 @@ from ._agent import FtAgent, LauncherExit, RestartPolicy
 from ._cluster import ClusterOptions
 from ._events import Finished, Recorder, RunStarted
 from ._exec_shim import shim_args
+from ._local_ckpt import SPARE_PRELOAD, LocalCkptOptions, NodeDirectory
 from ._monitors import MonitorSupervisor
 from ._numa import NumaPlan, machine_plan, wrap_command
 from ._rendezvous import tune_rendezvous
@@ -75,6 +76,10 @@ class LaunchOptions:
     warm_spare_preload: tuple[str, ...] = DEFAULT_PRELOAD
     #: Health checks, GPU memory wait, NUMA, cycle info, per-cycle logs (issue 17).
     cluster: ClusterOptions = dataclasses.field(default_factory=ClusterOptions)
+    #: --local-ckpt-*: where the node's local snapshots live and how the ranks save them.
+    local_ckpt: LocalCkptOptions = dataclasses.field(
+        default_factory=lambda: LocalCkptOptions(base=None)
+    )
 
 
 def _raise_signal(signum: int, frame: FrameType | None) -> None:
@@ -186,7 +191,21 @@ def _spare_pool(options: LaunchOptions, numa: NumaPlan | None = None) -> SparePo
             options.command,
         )
         return None
-    return SparePool(command, options.warm_spare_preload, options.config.nproc_per_node)
+    preload = options.warm_spare_preload
+    if options.local_ckpt.base is not None and SPARE_PRELOAD not in preload:
+        preload = (*preload, SPARE_PRELOAD)  # a spare restores without importing it
+    return SparePool(command, preload, options.config.nproc_per_node)
+
+
+def _node_directory(options: LaunchOptions) -> NodeDirectory | None:
+    """This node's local checkpoint directory for the job (None: off)."""
+    try:
+        return NodeDirectory.create(options.local_ckpt, options.config.run_id)
+    except (OSError, ValueError) as exc:
+        raise LauncherExit(
+            int(ExitCode.USAGE_ERROR),
+            f"--local-ckpt-dir {options.local_ckpt.base}: cannot make this node's directory: {exc}",
+        ) from None
 
 
 def launch(options: LaunchOptions, monitors: MonitorSupervisor | None = None) -> int:
@@ -227,9 +246,11 @@ def launch(options: LaunchOptions, monitors: MonitorSupervisor | None = None) ->
     numa = _numa_plan(options)
     spares = _spare_pool(options, numa)
     server: metrics.MetricsServer | None = None
+    node_dir: NodeDirectory | None = None
     try:
         handled = _install_signal_handlers(config.signals_to_handle)
         server = _metrics_server(options)
+        node_dir = _node_directory(options)
         if monitors is None:
             monitors = MonitorSupervisor(
                 options.ft_config,
@@ -253,6 +274,8 @@ def launch(options: LaunchOptions, monitors: MonitorSupervisor | None = None) ->
             metrics=metrics.NULL_RECORDER if server is None else server.recorder,
             cluster=options.cluster,
             numa=numa,
+            local_ckpt_dir=None if node_dir is None else node_dir.path,
+            multi_node=config.max_nodes > 1,
         )
         recorder.record(
             RunStarted(
@@ -298,6 +321,8 @@ def launch(options: LaunchOptions, monitors: MonitorSupervisor | None = None) ->
             spares.close()
         if monitors is not None:
             monitors.close()
+        if node_dir is not None:  # a failed job's is left (the next launcher removes it)
+            node_dir.close(succeeded=code == ExitCode.SUCCESS)
         recorder.record(Finished(exit_code=int(code), reason=reason))
         if server is not None:
             server.close()

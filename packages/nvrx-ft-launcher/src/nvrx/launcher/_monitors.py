@@ -14,7 +14,6 @@ import contextlib
 import logging
 import os
 import pathlib
-import shutil
 import signal
 import socket
 import time
@@ -29,6 +28,7 @@ from nvrx.ft import (
     create_runtime_dir,
     parse_monitor_event,
 )
+from nvrx.ft._runtime import release_runtime_dir
 
 __all__ = ["MonitorSupervisor"]
 
@@ -178,4 +178,4 @@ class MonitorSupervisor:
             proc.stop(timeout=max(0.0, deadline - time.monotonic()))
         self._procs.clear()
         self._events.close()
-        shutil.rmtree(self._dir, ignore_errors=True)
+        release_runtime_dir(self._dir)

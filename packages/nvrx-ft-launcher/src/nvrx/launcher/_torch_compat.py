@@ -57,7 +57,6 @@ import contextlib
 import dataclasses
 import datetime
 import logging
-import re
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -73,13 +72,14 @@ from torch.distributed.elastic.multiprocessing import api as mp_api
 from torch.distributed.elastic.multiprocessing.api import SubprocessContext
 from torch.distributed.elastic.multiprocessing.subprocess_handler import SubprocessHandler
 from torch.distributed.elastic.rendezvous import RendezvousHandler, dynamic_rendezvous
+from torch.torch_version import TorchVersion
 
 __all__ = ["PrefixStore", "Store"]
 
 logger = logging.getLogger("nvrx.launcher")
 
 #: The (major, minor) releases of torch the launcher is tested on, inclusive.
-TESTED_TORCH = ((2, 12), (2, 13))
+TESTED_TORCH = ((2, 13), (2, 13))
 #: The literal torch passes to ``_delay`` for its one-second sync poll.
 TORCH_SYNC_DELAY_S = 1
 _FACTORY = "get_subprocess_handler"
@@ -87,13 +87,18 @@ _warned = False
 
 
 def untested_torch(version: str) -> str | None:
-    """Why ``version`` is outside :data:`TESTED_TORCH`, or None when it is inside."""
-    match = re.match(r"(\d+)\.(\d+)", version)
-    if match is None:
-        return f"torch {version!r} has no major.minor version"
-    found = (int(match[1]), int(match[2]))
+    """Why ``version`` is outside :data:`TESTED_TORCH`, or None when it is inside.
+
+    Compared as torch compares its own versions (:class:`torch.torch_version.TorchVersion`):
+    a pre-release of the next minor (``2.14.0.dev...``, ``2.14.0a0``) is outside.
+    """
     low, high = TESTED_TORCH
-    if low <= found <= high:
+    parsed = TorchVersion(version)
+    try:
+        inside = f"{low[0]}.{low[1]}" <= parsed < f"{high[0]}.{high[1] + 1}.dev0"
+    except (TypeError, ValueError):  # packaging's InvalidVersion is a ValueError
+        return f"torch {version!r} has no major.minor version"
+    if inside:
         return None
     return (
         f"ft_launcher is tested on torch {low[0]}.{low[1]} to {high[0]}.{high[1]}, "

@@ -1,4 +1,4 @@
-"""Checks of torchrun's options and the launcher's files, before anything starts.
+"""Checks of torchrun's options, the launcher's files and environment, before anything starts.
 
 torch checks some of these with asserts (a bare AssertionError, exit 5) and some not at
 all (NaN and inf pass ``value < 0``); here each is a usage error, exit 2, naming the
@@ -8,14 +8,27 @@ option and the value, raised before a monitor, a runtime directory or a rank exi
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
+import re
 import signal
+import stat
 import sys
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import NoReturn
 
 from nvrx.ft import MAX_DURATION_S
 
-__all__ = ["MAX_DAYS", "max_local_ranks", "validate_launcher_files", "validate_torchrun_options"]
+__all__ = [
+    "MAX_DAYS",
+    "checked_parser",
+    "max_local_ranks",
+    "unsafe_output_path",
+    "validate_environment",
+    "validate_launcher_files",
+    "validate_torchrun_options",
+]
 
 #: The longest duration any option accepts, in words (the same bound as nvrx.ft's).
 MAX_DAYS = f"{MAX_DURATION_S / 86400:g} days"
@@ -30,9 +43,20 @@ def max_local_ranks() -> int:
     return max(64, 8 * (os.cpu_count() or 1))
 
 
+# Where checked_parser() keeps, on the parser, which options took their value from a
+# PET_* variable (option string -> variable), so an error names the variable.
+_FROM_ENV_ATTR = "_nvrx_options_from_environment"
+
+
+def _source(parser: argparse.ArgumentParser, option: str) -> str:
+    """'argument --opt', or 'environment variable PET_OPT' when the value came from it."""
+    variable: str | None = getattr(parser, _FROM_ENV_ATTR, {}).get(option)
+    return f"argument {option}" if variable is None else f"environment variable {variable}"
+
+
 def _check(parser: argparse.ArgumentParser, ok: bool, option: str, value: object, why: str) -> None:
     if not ok:
-        parser.error(f"argument {option}: invalid value {value!r}: {why}")
+        parser.error(f"{_source(parser, option)}: invalid value {value!r}: {why}")
 
 
 def _finite_in(value: object, low: float, high: float, *, above: bool = False) -> bool:
@@ -52,8 +76,8 @@ def _validate_nproc(parser: argparse.ArgumentParser, text: str) -> None:
     except ValueError:
         count = 0
         parser.error(
-            f"argument --nproc-per-node: invalid value {text!r}: expected an integer, "
-            "cpu, gpu or auto"
+            f"{_source(parser, '--nproc-per-node')}: invalid value {text!r}: expected an "
+            "integer, cpu, gpu or auto"
         )
     _check(
         parser,
@@ -151,7 +175,7 @@ def validate_torchrun_options(args: argparse.Namespace, parser: argparse.Argumen
 
 
 def validate_launcher_files(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
-    """The progress file and the job key file (or value) are usable."""
+    """The progress file, the job key file (or value) and the output paths are usable."""
     from ._job_key import load_job_key
     from ._progress import check_progress_file
 
@@ -164,3 +188,200 @@ def validate_launcher_files(args: argparse.Namespace, parser: argparse.ArgumentP
             check_progress_file(args.ft_progress_file)
         except ValueError as exc:
             parser.error(f"argument --ft-progress-file: {args.ft_progress_file!r}: {exc}")
+    for option, dest, is_dir in _OUTPUTS:
+        path = getattr(args, dest, None)
+        if path:
+            why = unsafe_output_path(path, is_dir=is_dir)
+            if why is not None:
+                parser.error(f"argument {option}: {path!r}: {why}")
+
+
+#: Options naming files (or a directory of files) the launcher writes: option, dest, dir.
+_OUTPUTS = (
+    ("--ft-journal", "ft_journal", False),
+    ("--ft-cycle-log", "ft_cycle_log", False),
+    ("--ft-per-cycle-applog-prefix", "ft_per_cycle_applog_prefix", False),
+    ("--ft-cycle-info-dir", "ft_cycle_info_dir", True),
+    ("--log-dir", "log_dir", True),  # the default journal's directory, and torch's logs
+)
+
+
+def unsafe_output_path(path: str | os.PathLike[str], *, is_dir: bool = False) -> str | None:
+    """Why the launcher must not write ``path`` (or files in directory ``path``), or None.
+
+    Refused: a final component that is a symlink (files are opened without following
+    one), and a directory, the file's parent or ``path`` itself when ``is_dir``, that
+    every user may write to without the sticky bit: there anybody could replace the
+    file, or plant a symlink before it exists. Group-writable directories (a project's
+    shared log directory) are fine; so is a sticky world-writable one such as /tmp,
+    where a file of ours cannot be replaced by others.
+    """
+    where = os.fspath(path)
+    if not is_dir:
+        try:
+            if stat.S_ISLNK(os.lstat(where).st_mode):
+                return "is a symlink; name the file itself (the launcher does not follow links)"
+        except OSError:
+            pass  # not there yet: the launcher creates it
+    directory = where if is_dir else (os.path.dirname(os.path.abspath(where)) or "/")
+    try:
+        st = os.stat(directory)
+    except OSError:
+        return None  # reported by the option's own check, or created later
+    if st.st_mode & stat.S_IWOTH and not st.st_mode & stat.S_ISVTX:
+        return (
+            f"the directory {directory!r} is writable by every user and not sticky, so "
+            "another user could replace the file or plant a symlink there; use a "
+            "directory others cannot write to (or a sticky one, such as /tmp)"
+        )
+    return None
+
+
+# -- the environment ------------------------------------------------------------------
+
+#: Level names NVRX_LAUNCHER_LOGLEVEL and FT_LAUNCHER_LOGLEVEL accept, in any case.
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "WARN", "ERROR", "CRITICAL", "FATAL", "NOTSET")
+_JOB_ID = re.compile(r"[A-Za-z0-9._-]{1,128}\Z")
+_MAX_INDEX = 1 << 31
+
+
+def _env_error(variable: str, value: str, why: str) -> NoReturn:
+    """A usage error (exit 2) naming the variable and its value; no parser needed."""
+    sys.stderr.write(
+        f"ft_launcher: error: environment variable {variable}: invalid value {value!r}: {why}\n"
+    )
+    raise SystemExit(2)
+
+
+def _is_index(text: str) -> bool:
+    value = text.strip()
+    return value.isascii() and value.isdigit() and int(value) < _MAX_INDEX
+
+
+def _check_log_level(env: Mapping[str, str]) -> None:
+    for variable in ("NVRX_LAUNCHER_LOGLEVEL", "FT_LAUNCHER_LOGLEVEL"):
+        text = env.get(variable)
+        if not text:
+            continue  # unset or empty: the other variable, or INFO
+        if text.upper() not in LOG_LEVELS:
+            _env_error(
+                variable, text, "expected a log level: DEBUG, INFO, WARNING, ERROR or CRITICAL"
+            )
+
+
+def validate_environment(env: Mapping[str, str]) -> None:
+    """Every documented variable the launcher reads, checked before anything starts.
+
+    Exit 2 naming the variable and the value. Values torchrun and NVRx accept stay
+    accepted (log level names, in any case). PET_* variables of options are
+    checked with the options (:func:`checked_parser`); ``XDG_RUNTIME_DIR`` falls back to
+    the temp dir when unusable (documented), and torch's own TORCHELASTIC_* variables
+    are torch's to read.
+    """
+    from ._numa import GPUS_PER_NUMA_ENV, parse_gpus_per_numa
+    from ._segment_id import SEGMENT_ID_ENV, parse_segment_id
+
+    _check_log_level(env)
+    for variable in ("SLURM_PROCID", "GROUP_RANK"):
+        text = env.get(variable)
+        if text is not None and not _is_index(text):
+            _env_error(variable, text, "expected this node's rank, an integer >= 0")
+    text = env.get("SLURM_RESTART_CNT")
+    if text is not None and text.strip() and not _is_index(text):
+        _env_error("SLURM_RESTART_CNT", text, "expected the requeue count, an integer >= 0")
+    for variable in ("SLURM_ARRAY_JOB_ID", "SLURM_JOB_ID"):
+        text = env.get(variable)
+        if text and not _JOB_ID.match(text):
+            _env_error(variable, text, "expected a job id: 1-128 of A-Z a-z 0-9 . _ -")
+    for variable, parse in (
+        (SEGMENT_ID_ENV, parse_segment_id),
+        (GPUS_PER_NUMA_ENV, parse_gpus_per_numa),
+    ):
+        text = env.get(variable)
+        if text is not None and (text or variable == SEGMENT_ID_ENV):
+            try:
+                parse(text)
+            except ValueError as exc:
+                _env_error(variable, text, str(exc).split(": ", 1)[-1])
+    text = env.get("OMP_NUM_THREADS")
+    if text and not all(_is_index(part) and int(part) > 0 for part in text.split(",")):
+        _env_error(
+            "OMP_NUM_THREADS", text, "expected a thread count >= 1 (or a comma-separated list)"
+        )
+
+
+@contextlib.contextmanager
+def _without_pet_variables() -> Iterator[None]:
+    saved = {k: v for k, v in os.environ.items() if k.startswith("PET_")}
+    for name in saved:
+        del os.environ[name]
+    try:
+        yield
+    finally:
+        os.environ.update(saved)
+
+
+def _given(action: argparse.Action, argv: Sequence[str]) -> bool:
+    """Whether the command line (the launcher's part of it) gives ``action``'s option."""
+    for word in argv:
+        if word == "--":
+            return False
+        for option in action.option_strings:
+            short = not option.startswith("--")
+            if word == option or word.startswith(option + "=") or (short and word[:2] == option):
+                return True
+    return False
+
+
+def checked_parser(
+    build: Callable[[], argparse.ArgumentParser],
+    launcher_part: Callable[[argparse.ArgumentParser], Sequence[str]],
+) -> argparse.ArgumentParser:
+    """``build()``, with the PET_* variables of torchrun's own options checked.
+
+    torch reads them itself: a flag's (``PET_STANDALONE``) with ``int()`` while it builds
+    its parser (a traceback for ``true``), a value's with the option's type at the end of
+    the parse (an error naming the option). Here each is checked first, and an error
+    names the variable and the value; torchrun's accepted values stay accepted. The
+    parser remembers which options take their value from a variable, so the later
+    checks of :func:`validate_torchrun_options` name the variable too.
+    ``launcher_part(parser)`` is the launcher's part of the command line: an option
+    given there wins over its variable.
+    """
+    from torch.distributed.argparse_util import check_env
+    from torch.distributed.run import get_args_parser
+
+    with _without_pet_variables():
+        torchrun = get_args_parser()
+    valued: list[tuple[argparse.Action, str, str]] = []
+    for action in torchrun._actions:
+        variable = f"PET_{action.dest.upper()}"
+        text = os.environ.get(variable)
+        if not action.option_strings or text is None:
+            continue
+        if isinstance(action, check_env):
+            try:
+                int(text)
+            except ValueError:
+                _env_error(variable, text, "expected 0 or 1 (torchrun reads an integer)")
+        else:
+            valued.append((action, variable, text))
+    parser = build()
+    argv = launcher_part(parser)
+    from_env: dict[str, str] = {}
+    for action, variable, text in valued:
+        if _given(action, argv):
+            continue
+        value: object = text
+        if callable(action.type):
+            try:
+                value = action.type(text)
+            except (ValueError, TypeError, argparse.ArgumentTypeError) as exc:
+                option = action.option_strings[0]
+                _env_error(variable, text, f"not a value of {option}: {exc}")
+        if action.choices is not None and value not in action.choices:
+            _env_error(variable, text, f"expected one of {', '.join(map(str, action.choices))}")
+        for option in action.option_strings:
+            from_env[option] = variable
+    setattr(parser, _FROM_ENV_ATTR, from_env)
+    return parser

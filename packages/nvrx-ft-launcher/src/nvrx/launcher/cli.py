@@ -37,11 +37,14 @@ from nvrx.ft import (
 )
 from nvrx.ft.config import parse_bool
 
+from . import _local_ckpt
 from ._monitors import MonitorSupervisor
 from ._nvrx_only import add_nvrx_only_options, warn_without_effect
 from ._validation import (
     MAX_DAYS,
+    checked_parser,
     max_local_ranks,
+    validate_environment,
     validate_launcher_files,
     validate_torchrun_options,
 )
@@ -514,6 +517,7 @@ def add_launcher_options(parser: argparse.ArgumentParser) -> None:
     before = set(map(id, parser._actions))
     _add_restart_options(parser)
     _add_cluster_options(parser)
+    _local_ckpt.add_options(parser)  # --local-ckpt-*
     ft = parser.add_argument_group(
         "fault tolerance",
         "Rank monitor settings (nvrx.ft.FaultToleranceConfig). A YAML file given with "
@@ -668,6 +672,7 @@ def _options(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Launc
         metrics_port=args.ft_metrics_port,
         metrics_addr=args.ft_metrics_addr,
         cluster=cluster,
+        local_ckpt=_local_ckpt.options(args, parser),
         journal=args.ft_journal
         or (os.path.join(args.log_dir, "ft_launcher_events.jsonl") if args.log_dir else None),
     )
@@ -931,11 +936,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(argv: list[str]) -> int:
+    validate_environment(os.environ)  # exit 2 naming a bad variable, before anything starts
     _setup_logging()
     monitors = _early_monitors(argv)
     logger.debug("early monitors: %s", "started" if monitors is not None else "no")
     try:
-        parser = get_parser()
+        parser = checked_parser(get_parser, lambda built: launcher_argv(argv, built))
         options = _options(parser.parse_args(argv), parser)
         if monitors is not None and not monitors.matches(
             options.ft_config, options.config.nproc_per_node, options.monitor_ready_timeout

@@ -24,6 +24,10 @@ The rules (all times are Unix times from the journal):
 - recomputed work is the training after the checkpoint in force at the fault: steps
   since the checkpoint times the measured step time when the iteration history is
   known, otherwise the time since the checkpoint was seen; unknown without checkpoints;
+  where the next cycle's ranks journalled what they restored (``checkpoint_restored``,
+  local checkpoints), that state is the checkpoint in force: its iteration from the
+  time its snapshot was taken (a fresh start, source ``none``: all the cycle's
+  training), and the restart's cost says where it came from;
 - straggler wait is the productive time the straggler reports cover, times their wait
   fraction (the journal's ``straggler_report`` records, which the launcher writes from
   the scores rank 0 publishes, plus any :class:`StragglerWait` given to :func:`account`).
@@ -48,6 +52,7 @@ import heapq
 import itertools
 import json
 import math
+import pathlib
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, cast
@@ -198,6 +203,12 @@ class CycleTimes:
     #: The rendezvous of the restart that ended this cycle.
     rendezvous_done: float | None = None
     ended: float | None = None
+    #: What this cycle's ranks restored (``checkpoint_restored``): the snapshot's time
+    #: and iteration, and where from (``own``, ``peer``, ``global``, ``none``; nodes that
+    #: differ are joined with ``+`` in a fixed order, e.g. ``peer+own``).
+    restored_t: float | None = None
+    restored_iteration: int | None = None
+    restored_from: str | None = None
 
     def merge(self, other: CycleTimes) -> CycleTimes:
         """Both nodes' view of the cycle as one (see the module doc)."""
@@ -220,6 +231,9 @@ class CycleTimes:
             stopped=_hi(self.stopped, other.stopped),
             rendezvous_done=_hi(self.rendezvous_done, other.rendezvous_done),
             ended=_hi(self.ended, other.ended),
+            restored_t=_lo(self.restored_t, other.restored_t),
+            restored_iteration=_lo_int(self.restored_iteration, other.restored_iteration),
+            restored_from=_sources(self.restored_from, other.restored_from),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -242,10 +256,35 @@ class CycleTimes:
             elif f.name == "action":
                 if value is not None and value not in _ACTIONS:
                     raise ValueError(f"action {value!r} unknown")
+            elif f.name == "restored_iteration":
+                value = None if value is None else _int(value, f.name)
+            elif f.name == "restored_from":
+                if value is not None and (
+                    not isinstance(value, str) or _sources(value, None) != value
+                ):
+                    raise ValueError(f"restored_from {value!r} unknown")
             elif value is not None:
                 value = _time(value, f.name)
             fields[f.name] = value
         return cls(**fields)
+
+
+#: Where a cycle's ranks restored their state from, in the order a merged value lists them.
+_RESTORE_SOURCES = ("global", "none", "peer", "own")
+
+
+def _sources(a: str | None, b: str | None) -> str | None:
+    """The restore sources of two views, joined in the order of ``_RESTORE_SOURCES``."""
+    parts = {p for v in (a, b) if v for p in v.split("+")}
+    if not parts:
+        return None
+    if not parts <= set(_RESTORE_SOURCES):
+        raise ValueError(f"restore source {sorted(parts)} unknown")
+    return "+".join(s for s in _RESTORE_SOURCES if s in parts)
+
+
+def _lo_int(a: int | None, b: int | None) -> int | None:
+    return b if a is None else a if b is None else min(a, b)
 
 
 def _cause_key(cause: Cause | None) -> int:
@@ -446,6 +485,10 @@ def _wait(start: float, end: float, fraction: float) -> StragglerWait:
     return StragglerWait(start, end, fraction)
 
 
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
 def _is_time(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
@@ -541,6 +584,14 @@ def _node_timeline(node: str, records: Sequence[Mapping[str, Any]]) -> Timeline:
             update(r["from_cycle"], rendezvous_done=done, stopped=stopped)
         elif kind == "all_nodes_finished":
             update(cycle, ended=t, action="finish")
+        elif kind == "checkpoint_restored" and r.get("source") in _RESTORE_SOURCES:
+            iteration = r.get("iteration")
+            update(
+                cycle,
+                restored_t=_opt_num(r, "snapshot_wall"),
+                restored_iteration=iteration if _is_count(iteration) else None,
+                restored_from=str(r["source"]),
+            )
     return Timeline(
         nodes=(node,),
         start=start,
@@ -583,6 +634,11 @@ class RestartCost:
     spawn_s: float
     first_step_s: float | None
     recomputed_s: float | None
+    #: Where the new cycle's ranks restored their state from (``own``, ``peer``,
+    #: ``global``, ``none``, joined with ``+`` where nodes differ), and its iteration;
+    #: None: the journal does not say (no local checkpoints).
+    restored_from: str | None = None
+    restored_iteration: int | None = None
 
     @property
     def total_s(self) -> float:
@@ -608,13 +664,34 @@ class RestartCost:
         def s(v: float | None) -> str:
             return "unknown" if v is None else f"{v:.2f} s"
 
-        return (
+        text = (
             f"restart {self.from_cycle}->{self.cycle} ({self.cause.value}) "
             f"cost {self.total_s:.2f} s: "
             f"detection {s(self.detection_s)}, stop {s(self.stop_s)}, rendezvous "
             f"{s(self.rendezvous_s)}, spawn {s(self.spawn_s)}, first step {s(self.first_step_s)}, "
             f"recomputed {s(self.recomputed_s)}"
         )
+        if self.restored_from is not None:
+            text += f"; {_describe_restore(self.restored_from, self.restored_iteration)}"
+        return text
+
+
+def _describe_restore(source: str, iteration: int | None) -> str:
+    """Where a restart's state came from, in words (``peer+own``: nodes differed)."""
+    at = "" if iteration is None else f" of iteration {iteration}"
+    words = {
+        "own": "this node's memory",
+        "peer": "a peer node's replica",
+        "global": "the global (disk) checkpoint",
+        "none": "nothing (a fresh start)",
+    }
+    parts = source.split("+")
+    if set(parts) <= {"own", "peer"}:
+        where = " and ".join(words[p] for p in parts if p in words)
+        return f"restored the local snapshot{at} from {where}"
+    if parts == ["none"]:
+        return "restored nothing (a fresh start)"
+    return f"restored from {' / '.join(words.get(p, p) for p in parts)}" + at
 
 
 @dataclasses.dataclass(frozen=True)
@@ -787,7 +864,19 @@ def account(
             break
         train_begin = cursor
         span(fault, Phase.PRODUCTIVE)
-        lost = _lost_work(train_begin, cursor, marks, history)
+        after = cycles[i + 1] if i + 1 < len(cycles) else None
+        restored_from = None if after is None else after.restored_from
+        if (
+            after is not None
+            and after.restored_t is not None
+            and (after.restored_iteration is not None)
+        ):  # the state the next cycle restored was the checkpoint in force
+            mark = CheckpointMark(min(after.restored_t, cursor), after.restored_iteration)
+            lost = _lost_work(train_begin, cursor, [mark], history)
+        elif restored_from == "none":  # restored nothing: the cycle's training is lost
+            lost = cursor - train_begin
+        else:
+            lost = _lost_work(train_begin, cursor, marks, history)
         if lost is None:
             unknown.append(f"cycle {c.cycle}: recomputed work")
         elif lost > 0:
@@ -809,6 +898,8 @@ def account(
             "stop_s": stop,
             "rendezvous_s": span(c.rendezvous_done, Phase.RENDEZVOUS, cause),
             "recomputed_s": lost,
+            "restored_from": restored_from,
+            "restored_iteration": None if after is None else after.restored_iteration,
         }
         if i + 1 == len(cycles):  # the job ended during this restart
             costs.append(RestartCost(spawn_s=0.0, first_step_s=None, **pending))
@@ -878,7 +969,7 @@ class Ledger:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m nvrx.launcher.goodput JOURNAL``: the job summary of a journal file."""
+    """``python -m nvrx.launcher.goodput JOURNAL``: the job summary (and ``--trace`` timeline)."""
     parser = argparse.ArgumentParser(
         prog="python -m nvrx.launcher.goodput",
         description="Goodput and ETTR of a job from its ft_launcher journal.",
@@ -886,6 +977,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("journal", help="the --ft-journal file (JSON lines)")
     parser.add_argument("--run-id", help="only the launchers of this run (a shared file)")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+    parser.add_argument(
+        "--trace",
+        metavar="FILE",
+        help="also write the job's timeline to FILE as Chrome trace-event JSON (Perfetto)",
+    )
     args = parser.parse_args(argv)
     try:
         with open(args.journal, encoding="utf-8", errors="replace") as f:
@@ -904,6 +1000,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         records = records_of_run(records, args.run_id)
     summary = account(records)
     sys.stdout.write((summary.dumps() if args.json else summary.format()) + "\n")
+    if args.trace is not None:
+        from nvrx.ft import write_file_atomically
+        from nvrx.launcher._trace import job_trace
+
+        trace = job_trace(records, job=args.run_id or pathlib.Path(args.journal).name)
+        try:
+            write_file_atomically(args.trace, json.dumps(trace), mode=0o600, durable=False)
+        except OSError as exc:
+            parser.error(f"--trace {args.trace!r}: {exc.strerror}")
     return 0
 
 

@@ -12,10 +12,12 @@ removed or changes meaning, not when one is added.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
 import pathlib
+import stat
 import time
 from collections.abc import Callable
 from typing import Any
@@ -34,6 +36,11 @@ def schema_path(name: str) -> pathlib.Path:
 
 
 logger = logging.getLogger("nvrx.launcher")
+# Never through a symlink (another user's, planted in a shared directory), never blocking
+# on a FIFO; the descriptor does not leak into the ranks.
+_APPEND_FLAGS = (
+    os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+)
 
 
 class JsonLines:
@@ -56,7 +63,7 @@ class JsonLines:
     def write(self, record: dict[str, Any]) -> None:
         """Append ``record`` (plus ``schema_version``, ``t`` and ``node``); errors logged once."""
         record.setdefault("schema_version", SCHEMA_VERSION)
-        record.setdefault("t", time.time())
+        record.setdefault("t", time.time())  # wall clock: label
         if self.node is not None:
             record.setdefault("node", self.node)
         if self.on_record is not None:
@@ -73,8 +80,10 @@ class JsonLines:
             parent = os.path.dirname(self._path)
             if parent:
                 os.makedirs(parent, exist_ok=True)
-            fd = os.open(self._path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            fd = os.open(self._path, _APPEND_FLAGS, 0o644)
             try:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    raise OSError(errno.EINVAL, "not a regular file")
                 os.write(fd, line)
             finally:
                 os.close(fd)

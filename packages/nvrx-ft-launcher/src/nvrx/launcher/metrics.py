@@ -3,7 +3,10 @@
 A cluster's monitoring scrapes what a job's faults cost without reading its logs. The
 endpoint is off by default; :func:`start_metrics_server` starts it (the ``metrics``
 extra: ``pip install "nvrx-ft-launcher[metrics]"``) on 127.0.0.1 unless told otherwise,
-with its own registry (nothing of the process's global registry leaks out). Until then
+with its own registry (nothing of the process's global registry leaks out), served by
+one thread with at most a few connections at once, each timed out after a few seconds
+(a flood of connections takes no file descriptor, thread or CPU the launcher needs;
+see ``_metrics_http``). Until then
 the agent holds :data:`NULL_RECORDER`, whose methods do nothing: ``prometheus_client``
 is not even imported. A recorder never raises into the launcher: an error is logged once
 and the metric is skipped.
@@ -225,9 +228,15 @@ def start_metrics_server(port: int, addr: str = "127.0.0.1") -> MetricsServer:
     """
     if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
         raise ValueError(f"port {port!r} is not 0..65535")
+    from ._metrics_http import BoundedMetricsHTTPServer
+
     recorder = PrometheusRecorder()
-    httpd, thread = _prometheus_client().start_http_server(
-        port, addr=addr, registry=recorder.registry
+    pc = _prometheus_client()
+    registry = recorder.registry
+    httpd = BoundedMetricsHTTPServer(
+        addr, port, lambda: bytes(pc.generate_latest(registry)), str(pc.CONTENT_TYPE_LATEST)
     )
+    thread = threading.Thread(target=httpd.serve_forever, name="nvrx-metrics", daemon=True)
+    thread.start()
     logger.info("metrics on http://%s:%d/metrics", addr, httpd.server_address[1])
     return MetricsServer(recorder, httpd, thread)

@@ -16,6 +16,7 @@ CUPTI users keep working after shutdown.
 from __future__ import annotations
 
 import ctypes
+import importlib.metadata
 import logging
 import threading
 from typing import Any
@@ -203,6 +204,32 @@ class CuptiKernelTimer:
                 _registered = None
 
 
+def cuda_major_mismatch(cupti_version: str | None, torch_cuda: str | None) -> str | None:
+    """Why cupti-python ``cupti_version`` cannot time kernels of a torch built with CUDA
+    ``torch_cuda``, or None when their CUDA majors agree (or either is unknown).
+
+    cupti-python's major is the CUDA major it binds; a CUPTI of another major than the
+    CUDA runtime torch loaded fails in confusing ways, so kernel timing stays off.
+    """
+    if not cupti_version or not torch_cuda:
+        return None
+    cupti_major, cuda_major = cupti_version.split(".", 1)[0], torch_cuda.split(".", 1)[0]
+    if not (cupti_major.isdigit() and cuda_major.isdigit()) or cupti_major == cuda_major:
+        return None
+    return (
+        f"cupti-python {cupti_version} is for CUDA {cupti_major} but torch was built with "
+        f"CUDA {torch_cuda}; install nvrx-straggler[cupti-cu{cuda_major}]. GPU kernel "
+        "scores are off; section timing continues"
+    )
+
+
+def _installed_version(distribution: str) -> str | None:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
 def make_kernel_timer(
     max_samples_per_kernel: int = DEFAULT_MAX_SAMPLES_PER_KERNEL,
     cupti_module: Any = None,
@@ -225,6 +252,10 @@ def make_kernel_timer(
                 f"cupti-python is not importable ({e}); install nvrx-straggler[cupti]",
                 backend="cupti",
             )
+        mismatch = cuda_major_mismatch(_installed_version("cupti-python"), torch.version.cuda)
+        if mismatch is not None:
+            log.warning("straggler detection: %s", mismatch)
+            return NullKernelTimer(mismatch, backend="cupti")
         cupti = bindings
     try:
         return CuptiKernelTimer(cupti, max_samples_per_kernel)

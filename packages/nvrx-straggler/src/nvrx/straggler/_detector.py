@@ -23,7 +23,12 @@ from nvrx.straggler._kernels import DEFAULT_MAX_SAMPLES_PER_KERNEL, KernelTimer
 from nvrx.straggler._report import Report, parse_scores_to_compute
 from nvrx.straggler._report_generator import DEFAULT_COMM_KERNEL_PATTERN, ReportGenerator
 from nvrx.straggler._wrapping import CallableId, CallableWrapper
-from nvrx.straggler.sections import CustomSection, SectionContext, SectionRegistry
+from nvrx.straggler.sections import (
+    NOT_INITIALIZED,
+    CustomSection,
+    SectionContext,
+    SectionRegistry,
+)
 
 __all__ = ["Detector", "StragglerDetector"]
 
@@ -220,7 +225,7 @@ class StragglerDetector:
 
     def _require_open(self) -> None:
         if self.closed:
-            raise RuntimeError("Detector is not initialized.")
+            raise RuntimeError(NOT_INITIALIZED)
 
     def close(self) -> None:
         """Restore wrapped callables and release the kernel timer; idempotent."""
@@ -389,7 +394,7 @@ class Detector(metaclass=_ClassAttributes):
     def _require(cls) -> StragglerDetector:
         inst = cls._instance
         if inst is None:
-            raise RuntimeError("Detector is not initialized.")
+            raise RuntimeError(NOT_INITIALIZED)
         return inst
 
     @classmethod
@@ -403,7 +408,7 @@ class Detector(metaclass=_ClassAttributes):
         """
         inst = cls._instance  # _require() inlined: one Python call less per entry
         if inst is None:
-            raise RuntimeError("Detector is not initialized.")
+            raise RuntimeError(NOT_INITIALIZED)
         return inst._sections.enter(name, profile_cuda, _getframe(1))
 
     @classmethod

@@ -23,11 +23,14 @@ def _load() -> ModuleType | None:
     try:
         from nvrx.straggler import _hotpath
     except ImportError as e:
-        # Said once, at import: an sdist installed without a compiler runs this way.
-        log.info(
-            "straggler detection: the C hot path (nvrx.straggler._hotpath) is not built "
-            "(%s); detection_section and report statistics run in Python, several times "
-            "slower (nvrx.straggler.sections.HOT_PATH == 'python')",
+        # Said once, at import, as a warning: an sdist installed without a compiler runs
+        # this way and the user can do something about it (NVRX_STRAGGLER_PURE_PYTHON=1
+        # chooses it and is not warned about).
+        log.warning(
+            "straggler detection runs its pure-Python path, several times slower: the C "
+            "hot path (nvrx.straggler._hotpath) is not built (%s). Install the wheel from "
+            "`nox -s build`, or reinstall nvrx-straggler where a C compiler and the Python "
+            "headers are present; NVRX_STRAGGLER_PURE_PYTHON=1 chooses this path quietly",
             e,
         )
         return None

@@ -49,6 +49,13 @@ __all__ = [
     "SectionRegistry",
 ]
 
+#: The error of a Detector call before Detector.initialize() (or after shutdown());
+#: it starts with NVRx's words, then says what to do.
+NOT_INITIALIZED = (
+    "Detector is not initialized. Call Detector.initialize(...) first (the Lightning "
+    "StragglerDetectionCallback does it in setup), and again after Detector.shutdown()."
+)
+
 log = logging.getLogger(__name__)
 
 _perf = __import__("time").perf_counter_ns
@@ -396,7 +403,7 @@ class SectionRegistry:
     def miss(self, name: str | None, profile_cuda: bool, frame: FrameType) -> SectionContext:
         """Slow path: find or create the handle for a section entered from ``frame``."""
         if self.closed:
-            raise RuntimeError("Detector is not initialized.")
+            raise RuntimeError(NOT_INITIALIZED)
         anonymous_key = (*_site(frame), bool(profile_cuda))
         if name is None:
             found = self._anonymous.get(anonymous_key)

@@ -1,0 +1,3 @@
+"""NVRx's ``checkpointing.async_ckpt`` names (see :mod:`.core`)."""
+
+__all__: list[str] = []

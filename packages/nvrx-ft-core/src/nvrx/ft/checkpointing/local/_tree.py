@@ -1,0 +1,129 @@
+"""Flatten a nested training state into tensors plus a JSON tree, and back.
+
+A state is dicts, lists and tuples nesting tensors and plain values (str, int, float,
+bool, None; bytes too). The tree keeps the structure as JSON; each tensor in it is
+``{"T": index}`` into the tensor list, so the tensors' bytes can live elsewhere (raw,
+with a manifest) and nothing is ever pickled. Anything else raises TypeError naming
+the key path, and the caller skips the save with a warning.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+__all__: list[str] = []
+
+Json = Any  # a value json.dumps accepts
+_MAX_DEPTH = 64
+
+
+def _key_ok(key: object) -> bool:
+    return key is None or type(key) in (str, int, float, bool)
+
+
+def flatten(state: Mapping[str, Any]) -> tuple[Json, list[torch.Tensor], list[str]]:
+    """Return (tree, tensors, key paths of the tensors); TypeError on what cannot be kept."""
+    tensors: list[torch.Tensor] = []
+    paths: list[str] = []
+
+    def walk(value: object, path: str, depth: int) -> Json:
+        if depth > _MAX_DEPTH:
+            raise TypeError(f"{path or '<root>'}: nested deeper than {_MAX_DEPTH}")
+        if isinstance(value, torch.Tensor):
+            if value.is_sparse or value.is_quantized or value.layout != torch.strided:
+                raise TypeError(f"{path}: only dense (strided) tensors can be kept")
+            tensors.append(value)
+            paths.append(path)
+            return {"T": len(tensors) - 1}
+        if value is None or type(value) in (bool, int, float, str):
+            return {"v": value}
+        if isinstance(value, (bytes, bytearray)):
+            return {"b": base64.b64encode(bytes(value)).decode("ascii")}
+        if isinstance(value, Mapping):
+            items = []
+            for k, v in value.items():
+                if not _key_ok(k):
+                    raise TypeError(f"{path}: a key of type {type(k).__name__} cannot be kept")
+                items.append([k, walk(v, f"{path}.{k}" if path else str(k), depth + 1)])
+            return {"d": items}
+        if isinstance(value, torch.Size):
+            return {"S": [int(x) for x in value]}
+        if isinstance(value, (list, tuple)) and type(value) in (list, tuple):
+            kind = "l" if isinstance(value, list) else "t"
+            return {kind: [walk(v, f"{path}[{i}]", depth + 1) for i, v in enumerate(value)]}
+        if isinstance(value, torch.dtype):
+            return {"D": str(value).removeprefix("torch.")}
+        raise TypeError(
+            f"{path or '<root>'}: a {type(value).__name__} cannot be kept without pickle "
+            "(only tensors, dicts, lists, tuples, str, int, float, bool, None, bytes)"
+        )
+
+    if not isinstance(state, Mapping):
+        raise TypeError(f"the state must be a mapping, not {type(state).__name__}")
+    return walk(state, "", 0), tensors, paths
+
+
+def unflatten(tree: Json, tensor_at: Callable[[int, str], torch.Tensor]) -> Any:
+    """Rebuild the nested state; ``tensor_at(index, path)`` gives each tensor."""
+
+    def walk(node: Json, path: str, depth: int) -> Any:
+        if depth > _MAX_DEPTH or not isinstance(node, dict) or len(node) != 1:
+            raise ValueError(f"{path or '<root>'}: malformed tree node")
+        ((kind, body),) = node.items()
+        if kind == "T":
+            if type(body) is not int:
+                raise ValueError(f"{path}: malformed tensor reference")
+            return tensor_at(body, path)
+        if kind == "v":
+            if body is not None and type(body) not in (bool, int, float, str):
+                raise ValueError(f"{path}: malformed value")
+            return body
+        if kind == "b":
+            return base64.b64decode(str(body).encode("ascii"), validate=True)
+        if kind == "S":
+            return torch.Size([int(x) for x in body])
+        if kind == "D":
+            dtype = getattr(torch, str(body), None)
+            if not isinstance(dtype, torch.dtype):
+                raise ValueError(f"{path}: unknown dtype {body!r}")
+            return dtype
+        if kind == "d":
+            out: dict[Any, Any] = {}
+            for item in body:
+                if not isinstance(item, list) or len(item) != 2 or not _key_ok(item[0]):
+                    raise ValueError(f"{path}: malformed dict item")
+                k = item[0]
+                out[k] = walk(item[1], f"{path}.{k}" if path else str(k), depth + 1)
+            return out
+        if kind in ("l", "t"):
+            if not isinstance(body, list):
+                raise ValueError(f"{path}: malformed sequence")
+            seq = [walk(v, f"{path}[{i}]", depth + 1) for i, v in enumerate(body)]
+            return seq if kind == "l" else tuple(seq)
+        raise ValueError(f"{path or '<root>'}: unknown tree node kind {kind!r}")
+
+    return walk(tree, "", 0)
+
+
+def tensor_paths(state: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+    """Key path -> tensor of a template state (values that cannot be kept are ignored)."""
+    found: dict[str, torch.Tensor] = {}
+
+    def walk(value: object, path: str, depth: int) -> None:
+        if depth > _MAX_DEPTH:
+            return
+        if isinstance(value, torch.Tensor):
+            found[path] = value
+        elif isinstance(value, Mapping):
+            for k, v in value.items():
+                walk(v, f"{path}.{k}" if path else str(k), depth + 1)
+        elif type(value) in (list, tuple):
+            for i, v in enumerate(value):  # type: ignore[arg-type]
+                walk(v, f"{path}[{i}]", depth + 1)
+
+    walk(state, "", 0)
+    return found

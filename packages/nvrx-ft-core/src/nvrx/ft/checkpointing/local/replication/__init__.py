@@ -1,0 +1,3 @@
+"""NVRx's ``checkpointing.local.replication`` names (see :mod:`.strategies`)."""
+
+__all__: list[str] = []
