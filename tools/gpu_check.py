@@ -85,6 +85,8 @@ OFFLINE_WHEELS = [
 #: The most one device call carries (its working tree, wheels included).
 CARRY_LIMIT_BYTES = 64 * 1024 * 1024
 STATUSES = ("passed", "failed", "timed_out", "skipped", "not_available")
+#: How long a step past its budget has, after SIGTERM, to write its figures so far.
+TERM_GRACE_S = 10.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -481,9 +483,15 @@ def run_step(
     try:
         code = proc.wait(budget_s)
     except subprocess.TimeoutExpired:
+        # SIGTERM first: the step then writes what it measured so far (its figures).
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(TERM_GRACE_S)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
         code = None
         status, reason = "timed_out", f"still running after its budget of {budget_s:.0f} s"
     wall = time.monotonic() - start
