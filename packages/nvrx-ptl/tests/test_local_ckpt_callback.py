@@ -13,6 +13,7 @@ import os
 import pathlib
 import pickle
 import signal
+import socket
 import subprocess
 import time
 from datetime import timedelta
@@ -23,6 +24,7 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.plugins.io import TorchCheckpointIO
+from lightning.pytorch.strategies import SingleDeviceStrategy
 from torch.utils.data import DataLoader, TensorDataset
 
 from nvrx.ft.checkpointing.local.ckpt_managers.local_manager import LocalCheckpointManager
@@ -204,6 +206,75 @@ def test_fit_without_path_resumes_from_local_and_state_is_identical(tmp_path: pa
         max_steps=2,
     )
     assert start.start == 0
+
+
+class EveryRankStrategy(SingleDeviceStrategy):
+    """Calls the CheckpointIO itself on every rank, as NeMo's MegatronStrategy does."""
+
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any | None = None
+    ) -> None:
+        self.checkpoint_io.save_checkpoint(checkpoint, filepath, storage_options=storage_options)
+
+
+class NemoStyleIO(HierarchicalCheckpointIO):
+    """Shaped like NeMo's MCoreHierarchicalCheckpointIO: its own __init__ and conversions."""
+
+    def __init__(
+        self,
+        wrapped_checkpoint_io: Any,
+        local_ckpt_manager: Any,
+        get_global_ckpt_iteration_fn: Any,
+        async_save: bool = False,
+        local_ckpt_algo: str = "fully_parallel",
+    ) -> None:
+        super().__init__(
+            wrapped_checkpoint_io, local_ckpt_manager, get_global_ckpt_iteration_fn, async_save
+        )
+        self.local_ckpt_algo = local_ckpt_algo
+        self.conversions: list[str] = []
+
+    def to_tensor_aware_state_dict(self, checkpoint: dict[str, Any]) -> Any:
+        self.conversions.append("to")
+        return super().to_tensor_aware_state_dict(checkpoint)
+
+    def from_tensor_aware_state_dict(  # type: ignore[override]  # NeMo's signature
+        self, tensor_aware_checkpoint: Any, sharded_state_dict: Any = None, strict: Any = None
+    ) -> Any:
+        self.conversions.append("from")
+        return super().from_tensor_aware_state_dict(tensor_aware_checkpoint)
+
+
+def test_nemo_style_set_up_with_a_strategy_that_saves_on_every_rank(
+    tmp_path: pathlib.Path,
+) -> None:
+    """NeMo's update_trainer_local_checkpoint_io, with only the import prefix changed."""
+
+    def run(max_steps: int, ckpt_path: str | None, start: StartStep) -> NemoStyleIO:
+        trainer = pl.Trainer(
+            strategy=EveryRankStrategy(device=torch.device("cpu")),
+            max_steps=max_steps,
+            callbacks=[LocalCheckpointCallback(every_n_train_steps=2), start],
+            default_root_dir=tmp_path,
+            logger=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+        )
+        assert any(isinstance(cb, LocalCheckpointCallback) for cb in trainer.callbacks)  # type: ignore[attr-defined]
+        manager = LocalCheckpointManager(f"{tmp_path}/local_ckpt/{socket.gethostname()}")
+        io = NemoStyleIO(trainer.strategy.checkpoint_io, manager, lambda path: 0)
+        trainer.strategy.checkpoint_io = io
+        data = DataLoader(TensorDataset(torch.zeros(12, 1)), batch_size=2)
+        trainer.fit(Tiny(), train_dataloaders=data, ckpt_path=ckpt_path)
+        return io
+
+    io = run(4, None, StartStep())
+    assert io.conversions == ["to", "to"]
+    TorchCheckpointIO().save_checkpoint({"global_step": 0}, str(tmp_path / "global.ckpt"))
+    start = StartStep()
+    io = run(6, str(tmp_path / "global.ckpt"), start)  # NVRx's example: lambda s: 0
+    assert start.start == 4
+    assert io.conversions == ["from", "to"]
 
 
 def test_no_pickle_on_the_local_path(
@@ -392,23 +463,26 @@ def run_ranks(
     return proc.returncode, out
 
 
-def test_ddp_job_restarted_by_ft_launcher_resumes_from_the_launcher_env(
+def test_ddp_job_restarted_by_ft_launcher_resumes_from_a_local_snapshot(
     tmp_path: pathlib.Path, procs: Procs, unfaulted: dict[str, Any]
 ) -> None:
-    """The environment ft_launcher gives, set by hand: the script has no path logic.
+    """ft_launcher's --local-ckpt-* options; the script has no path logic at all.
 
     Two DDP ranks (gloo) see identical data, so their weights equal the single-process
     run's; rank 1 is SIGKILLed after step 7's snapshot and ft_launcher restarts both.
     (torch's own launcher cannot restart a Lightning DDP job here: the restarted ranks
     read the dead ranks' gloo addresses from the reused store.)
     """
-    env = {
-        "NVRX_LOCAL_CKPT_DIR": str(tmp_path / "node"),
-        "NVRX_LOCAL_CKPT_JOB": "test-job",
-        "NVRX_LOCAL_CKPT_EVERY_N_STEPS": "1",
-    }
+    base = tmp_path / "shm"
+    base.mkdir()
     cfg = {"max_steps": 12, "kill_at": 7, "kill_rank": 1}
-    rc, out = run_ranks(procs, cfg, ["-m", "nvrx.launcher"], env)
+    launcher = [
+        "-m",
+        "nvrx.launcher",
+        f"--local-ckpt-dir={base}",
+        "--local-ckpt-every-n-steps=1",
+    ]
+    rc, out = run_ranks(procs, cfg, launcher, {})
     assert rc == 0, out
     starts = {r["rank"]: r for r in records(out, "START")}
     results = {r["rank"]: r for r in records(out, "RESULT")}
@@ -422,3 +496,5 @@ def test_ddp_job_restarted_by_ft_launcher_resumes_from_the_launcher_env(
         assert got["global_step"] == unfaulted["global_step"]
         assert got["params"] == unfaulted["params"], f"rank {rank}"
         assert got["opt_state"] == unfaulted["opt_state"], f"rank {rank}"
+    # the launcher removed the job's snapshots when it ended successfully
+    assert not [p for p in base.rglob("*") if p.is_file()], list(base.rglob("*"))

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import logging
 import os
 import re
@@ -238,7 +239,7 @@ class HierarchicalCheckpointIO(_WrappingCheckpointIO):
         return True
 
     def _from_local(self, tasd: Any, map_location: Any, **kwargs: Any) -> dict[str, Any]:
-        checkpoint = self.from_tensor_aware_state_dict(tasd, **kwargs)
+        checkpoint = self.from_tensor_aware_state_dict(tasd, **_accepted(self, kwargs))
         if isinstance(map_location, (str, torch.device)):
             checkpoint = _map_tensors(checkpoint, torch.device(map_location))
         return checkpoint  # type: ignore[no-any-return]
@@ -282,6 +283,23 @@ class HierarchicalCheckpointIO(_WrappingCheckpointIO):
             else getattr(tensor_aware_checkpoint, "state_dict", tensor_aware_checkpoint)
         )
         return decode(tree)
+
+
+def _accepted(io: HierarchicalCheckpointIO, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The load options ``from_tensor_aware_state_dict`` takes.
+
+    Lightning's own strategies pass ``weights_only`` (a ``torch.load`` option), which
+    NeMo's override, for one, does not take; MegatronStrategy passes its own options.
+    """
+    if not kwargs:
+        return kwargs
+    try:
+        params = inspect.signature(io.from_tensor_aware_state_dict).parameters
+    except (TypeError, ValueError):
+        return kwargs
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return kwargs
+    return {k: v for k, v in kwargs.items() if k in params}
 
 
 def _map_tensors(tree: Any, device: torch.device) -> Any:
