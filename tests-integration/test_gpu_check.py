@@ -579,3 +579,10 @@ def test_publishing_cpu_benchmarks_keeps_the_gpu_section(tmp_path: pathlib.Path)
     real = (ROOT / "docs" / "benchmarks.md").read_text()
     assert "\n## GPU\n" in real  # the page has its GPU heading
     assert "tools/gpu_check.py" in real[real.index("\n## GPU\n") :]
+
+
+@pytest.mark.parametrize("cuda", ["13.0", "13.2", "12.8", "12.4", "None"])
+def test_nox_gpu_tests_and_gpu_check_choose_the_same_cupti_python(cuda: str) -> None:
+    noxfile = _load_noxfile()
+    expected = gpu_check.cupti_spec(None if cuda == "None" else cuda)
+    assert noxfile.cupti_requirement(cuda) == expected
