@@ -162,7 +162,7 @@ def test_torch_comes_from_nvrx_torch_index_first() -> None:
     assert first.required
     assert first.argv[-3:] == ("--index-url", env["NVRX_TORCH_INDEX"], "torch==2.13.0")
     assert notes == []
-    assert _requirement(commands[1]) == "cupti-python>=12.8"  # torch's CUDA not known yet
+    assert _requirement(commands[1]) == "{cupti}"  # for the CUDA of the torch installed
     spec = {**env, "NVRX_TORCH_SPEC": "torch==2.13.1"}
     assert _requirement(_plan(DEVICE_HAS, "13.0", spec)[0][0]) == "torch==2.13.1"
     pypi = _plan(DEVICE_HAS, "13.0", {"NVRX_TORCH_INDEX": "pypi"})[0][0]
@@ -181,9 +181,10 @@ def test_torch_from_wheels_when_they_hold_one(tmp_path: pathlib.Path) -> None:
 
 def test_a_cpu_torch_or_none_is_said(tmp_path: pathlib.Path) -> None:
     commands, notes = _plan({**DEVICE_HAS, "torch": "2.13.0+cpu"}, None)
-    assert not any(c.what.startswith("torch") for c in commands)
+    assert not any(c.what.startswith(("torch", "cupti")) for c in commands)
     assert "not a CUDA build" in notes[0]
     assert "NVRX_TORCH_INDEX" in notes[0]
+    assert notes[1] == "cupti-python is not installed: torch here is no CUDA build"
     commands, notes = _plan({**DEVICE_HAS, "torch": None}, None)
     assert commands[0].what == "torch"
     assert commands[0].required
@@ -578,3 +579,10 @@ def test_publishing_cpu_benchmarks_keeps_the_gpu_section(tmp_path: pathlib.Path)
     real = (ROOT / "docs" / "benchmarks.md").read_text()
     assert "\n## GPU\n" in real  # the page has its GPU heading
     assert "tools/gpu_check.py" in real[real.index("\n## GPU\n") :]
+
+
+@pytest.mark.parametrize("cuda", ["13.0", "13.2", "12.8", "12.4", "None"])
+def test_nox_gpu_tests_and_gpu_check_choose_the_same_cupti_python(cuda: str) -> None:
+    noxfile = _load_noxfile()
+    expected = gpu_check.cupti_spec(None if cuda == "None" else cuda)
+    assert noxfile.cupti_requirement(cuda) == expected
