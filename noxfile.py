@@ -471,13 +471,15 @@ def gpu_tests(session: nox.Session) -> None:
         required = gpu_required()
     except ValueError as exc:
         session.error(str(exc))
-    install_packages(session, list(PACKAGES), *STACK_EXTRAS)
+    constraints = install_packages(session, list(PACKAGES), *STACK_EXTRAS)
     if visible_gpus(session) == 0:
         fail, message = no_gpu_outcome(required)
         if fail:
             session.error(message)
         session.skip(message)  # nox then reports "skipped", never "successful"
-    session.install("cupti-python>=12.8")
+    # cupti-python pins nvidia-cuda-cupti to its own CUDA minor: match torch's CUDA.
+    cuda = str(session.run("python", "-c", "import torch; print(torch.version.cuda)", silent=True))
+    session.install("-c", constraints, cupti_requirement(cuda.strip().splitlines()[-1]))
     tests_dirs = [str(ROOT / "packages" / n / "tests") for n in PACKAGES]
     args = pytest_args(session, *tests_dirs, str(ROOT / "tests-integration"))
     # Exit code 5 (nothing collected) fails the session: gpu tests must exist.
@@ -502,6 +504,16 @@ GPU_TESTS: dict[str, list[str]] = {
     "NCCL under ft_launcher restarts and warm spares": ["tests-integration/test_gpu_launcher.py"],
     "local-checkpoint device-to-host copy": ["packages/nvrx-ft-core/tests/test_local_ckpt_gpu.py"],
 }
+
+
+def cupti_requirement(cuda: str) -> str:
+    """The cupti-python for torch's CUDA ``X.Y`` (as tools/gpu_check.py chooses it)."""
+    parts = cuda.split(".")
+    if len(parts) < 2 or not (parts[0].isdigit() and parts[1].isdigit()):
+        return "cupti-python>=12.8"
+    if int(parts[0]) >= 13:
+        return f"cupti-python~={parts[0]}.{parts[1]}.0"
+    return "cupti-python>=12.8,<13"
 
 
 @nox.session

@@ -115,15 +115,19 @@ def _sample(work: pathlib.Path, *, local: bool, fault: str, warm: bool) -> dict[
         victim = _event(out, "start", 1, 0)
         assert victim is not None
         launched[0].remember_children()
-        hit = last + 1  # the step rank 1 was doing
+        done = _steps(out, 1, 0)  # read again: the spares' check took a few steps
         t_fault = time.time()
         os.kill(int(victim["pid"]), signal.SIGKILL if fault == "crash" else signal.SIGSTOP)
+        last = max(last, int(done[-1]["step"]))
+        restored = wait_for(partial(_event, out, "restored", 1, 1), 600, "the restore record")
+        # The step the fault hit: the one after the last rank 1 journalled, or after the
+        # snapshot it restored (a step it finished but had not journalled yet).
+        hit = max(last, int(restored["step"])) + 1
         back = wait_for(
             lambda: next((e for e in _steps(out, 1, 1) if e["step"] >= hit), None),
             600,
             "rank 1 back at the step the fault hit",
         )
-        restored = wait_for(partial(_event, out, "restored", 1, 1), 60, "the restore record")
         first = _steps(out, 1, 1)[0]
     finally:
         reap(launched)

@@ -1202,6 +1202,17 @@ FLAGS: tuple[Flag, ...] = (
         "one JSON line per restart decision",
     ),
     Flag(
+        ("--ft-stop-on-repeated-error", "--ft-stop_on_repeated_error"),
+        "--ft-stop-on-repeated-error",
+        Status.ADDED,
+        "",
+        "stop with exit code 6 when two cycles in a row fail before their first step with the "
+        "same exception at the same source line (on by default; =false restarts anyway)",
+        None,
+        "ft_stop_on_repeated_error",
+        True,
+    ),
+    Flag(
         ("--ft-journal", "--ft_journal"),
         "--ft-journal",
         Status.ADDED,
@@ -1501,6 +1512,18 @@ BEHAVIOURS: tuple[Behaviour, ...] = (
         "same",
         _exit_code("RESTARTS_EXHAUSTED"),
         1,
+    ),
+    Behaviour(
+        "a failure that recurs identically (a bug in the script, a missing file)",
+        "restarted until --max-restarts is spent (exit 1), or 93 with 0.6's progress file",
+        "exit 6 once two cycles in a row fail before their first step with the same "
+        "exception at the same line, with a one-line root cause; killed or hung ranks and "
+        "communication or device errors never count; --ft-stop-on-repeated-error=false "
+        "turns it off",
+        "dozens of identical restart cycles cost hours (Megatron-LM issue 5281); no "
+        "progress file is needed",
+        _exit_code("DETERMINISTIC_FAILURE"),
+        6,
     ),
     Behaviour(
         "exit code when restarts make no progress",

@@ -27,6 +27,9 @@ UNMARKED_LABELS: frozenset[tuple[str, str]] = frozenset(
             "self._window_start = time.time()",
         ),
         ("packages/nvrx-ptl/src/nvrx/ptl/straggler_detection_callback.py", "now = time.time()"),
+        # A local snapshot's time in its manifest, and the restore record's.
+        ("packages/nvrx-ft-core/src/nvrx/ft/checkpointing/local/_engine.py", "wall = time.time()"),
+        ("packages/nvrx-ft-core/src/nvrx/ft/checkpointing/local/_engine.py", "wall=time.time(),"),
     }
 )
 _WALL_FUNCS = {

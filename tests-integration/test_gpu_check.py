@@ -162,7 +162,7 @@ def test_torch_comes_from_nvrx_torch_index_first() -> None:
     assert first.required
     assert first.argv[-3:] == ("--index-url", env["NVRX_TORCH_INDEX"], "torch==2.13.0")
     assert notes == []
-    assert _requirement(commands[1]) == "cupti-python>=12.8"  # torch's CUDA not known yet
+    assert _requirement(commands[1]) == "{cupti}"  # for the CUDA of the torch installed
     spec = {**env, "NVRX_TORCH_SPEC": "torch==2.13.1"}
     assert _requirement(_plan(DEVICE_HAS, "13.0", spec)[0][0]) == "torch==2.13.1"
     pypi = _plan(DEVICE_HAS, "13.0", {"NVRX_TORCH_INDEX": "pypi"})[0][0]
@@ -181,9 +181,10 @@ def test_torch_from_wheels_when_they_hold_one(tmp_path: pathlib.Path) -> None:
 
 def test_a_cpu_torch_or_none_is_said(tmp_path: pathlib.Path) -> None:
     commands, notes = _plan({**DEVICE_HAS, "torch": "2.13.0+cpu"}, None)
-    assert not any(c.what.startswith("torch") for c in commands)
+    assert not any(c.what.startswith(("torch", "cupti")) for c in commands)
     assert "not a CUDA build" in notes[0]
     assert "NVRX_TORCH_INDEX" in notes[0]
+    assert notes[1] == "cupti-python is not installed: torch here is no CUDA build"
     commands, notes = _plan({**DEVICE_HAS, "torch": None}, None)
     assert commands[0].what == "torch"
     assert commands[0].required
@@ -276,8 +277,18 @@ def test_one_failing_crashing_or_hanging_step_does_not_stop_the_others(
         pathlib.Path({str(pid_file)!r}).write_text(str(child.pid))
         time.sleep(600)
     """
+    partial = """
+        import json, signal, sys, time
+        def stop(*_):
+            open(sys.argv[1], "w").write(json.dumps(
+                {"status": "failed", "reason": "stopped", "figures": {"so_far": 1}}))
+            sys.exit(1)
+        signal.signal(signal.SIGTERM, stop)
+        time.sleep(600)
+    """
     programs = {
         "environment": _result_writer("passed", torch="x", checks={"ok": True}),
+        "gpu_tests": partial,
         "straggler": "raise SystemExit(3)",
         "cuda_events": hang,
         "nvml_reclaim": _result_writer("not_available"),
@@ -285,7 +296,9 @@ def test_one_failing_crashing_or_hanging_step_does_not_stop_the_others(
         "local_ckpt": _result_writer("passed"),
     }
     steps = [
-        gpu_check.Step(name, 6 if name == "cuda_events" else 60, name, needs_gpu=False)
+        gpu_check.Step(
+            name, 6 if name in ("cuda_events", "gpu_tests") else 60, name, needs_gpu=False
+        )
         for name in programs
     ]
     log_path = tmp_path / "log"
@@ -298,6 +311,9 @@ def test_one_failing_crashing_or_hanging_step_does_not_stop_the_others(
     assert list(got) == list(programs)  # every step ran, in order
     assert got["environment"] == ("passed", None)
     assert results[0].figures == {"torch": "x", "checks": {"ok": True}}
+    # Past its budget a step is told (SIGTERM) and what it measured so far is kept.
+    assert got["gpu_tests"] == ("timed_out", "still running after its budget of 6 s")
+    assert results[1].figures == {"so_far": 1}
     assert got["straggler"] == ("failed", "exited 3 without a result")
     assert got["cuda_events"][0] == "timed_out"
     assert got["nvml_reclaim"][0] == "not_available"
@@ -306,7 +322,7 @@ def test_one_failing_crashing_or_hanging_step_does_not_stop_the_others(
     # What the hung step started in a session of its own went with it.
     grandchild = int(pid_file.read_text())
     assert not pathlib.Path(f"/proc/{grandchild}").exists() or _is_zombie(grandchild)
-    assert results[2].figures["processes_left_behind"] == 1
+    assert results[3].figures["processes_left_behind"] == 1
     text = log_path.read_text()
     assert "===== step straggler" in text
     assert "timed_out" in text
@@ -443,6 +459,7 @@ def _torch_sees_a_gpu() -> bool:
     return bool(torch.cuda.is_available())
 
 
+@pytest.mark.timeout(600)  # four interpreters import torch, on a loaded 2-core CI box too
 @pytest.mark.skipif("_torch_sees_a_gpu()", reason="the no-GPU path needs a machine without one")
 def test_without_a_gpu_every_gpu_step_is_skipped_and_the_result_is_valid(
     tmp_path: pathlib.Path,
@@ -451,7 +468,7 @@ def test_without_a_gpu_every_gpu_step_is_skipped_and_the_result_is_valid(
     env = {k: v for k, v in os.environ.items() if k != "NVRX_REQUIRE_GPU"}
     out = subprocess.run(
         [sys.executable, script, "--out", str(tmp_path), "--steps", "environment,straggler"],
-        capture_output=True, text=True, timeout=100, env=env,
+        capture_output=True, text=True, timeout=280, env=env,
     )  # fmt: skip
     assert out.returncode == 0, out.stdout + out.stderr
     result = json.loads((tmp_path / "gpu_check.json").read_text())
@@ -471,7 +488,7 @@ def test_without_a_gpu_every_gpu_step_is_skipped_and_the_result_is_valid(
     required = subprocess.run(
         [sys.executable, script, "--out", str(tmp_path), "--steps", "straggler",
          "--require-gpu"],
-        capture_output=True, text=True, timeout=100, env=env,
+        capture_output=True, text=True, timeout=280, env=env,
     )  # fmt: skip
     assert required.returncode == 1
     assert json.loads((tmp_path / "gpu_check.json").read_text())["outcome"] == "no_gpu"
@@ -562,3 +579,10 @@ def test_publishing_cpu_benchmarks_keeps_the_gpu_section(tmp_path: pathlib.Path)
     real = (ROOT / "docs" / "benchmarks.md").read_text()
     assert "\n## GPU\n" in real  # the page has its GPU heading
     assert "tools/gpu_check.py" in real[real.index("\n## GPU\n") :]
+
+
+@pytest.mark.parametrize("cuda", ["13.0", "13.2", "12.8", "12.4", "None"])
+def test_nox_gpu_tests_and_gpu_check_choose_the_same_cupti_python(cuda: str) -> None:
+    noxfile = _load_noxfile()
+    expected = gpu_check.cupti_spec(None if cuda == "None" else cuda)
+    assert noxfile.cupti_requirement(cuda) == expected

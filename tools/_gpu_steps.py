@@ -711,6 +711,12 @@ def _clean(value: Any) -> Any:
     return value
 
 
+def _stopped(signum: int, frame: object) -> None:
+    """SIGTERM from gpu_check.py at the end of the budget: unwind, so the step's
+    ``finally`` blocks clean up and its figures so far are written."""
+    raise SystemExit(f"stopped by signal {signum}: over its time budget")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("step", choices=sorted(STEPS))
@@ -718,6 +724,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget", type=float, default=60.0)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    signal.signal(signal.SIGTERM, _stopped)
     with _result(args.result) as figures:
         STEPS[args.step](figures, args.budget)
     return 0

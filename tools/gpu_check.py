@@ -85,6 +85,8 @@ OFFLINE_WHEELS = [
 #: The most one device call carries (its working tree, wheels included).
 CARRY_LIMIT_BYTES = 64 * 1024 * 1024
 STATUSES = ("passed", "failed", "timed_out", "skipped", "not_available")
+#: How long a step past its budget has, after SIGTERM, to write its figures so far.
+TERM_GRACE_S = 10.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -285,6 +287,10 @@ def satisfies(version: str, spec: str) -> bool:
     return have[: len(want)] == want
 
 
+#: In a plan that installs torch: the cupti-python for the CUDA of the torch installed.
+CUPTI_AFTER_TORCH = "{cupti}"
+
+
 def cupti_spec(cuda: str | None) -> str:
     """The cupti-python that matches torch's CUDA (its ``nvidia-cuda-cupti`` pin)."""
     if cuda is None:
@@ -320,8 +326,9 @@ def install_plan(
 
     ``have`` maps distribution names to installed versions (None: absent);
     ``torch_cuda`` is the installed torch's CUDA version (None: a CPU build or none).
-    torch comes from ``NVRX_TORCH_INDEX`` when it is set, else from ``wheels`` when
-    they hold one; otherwise an installed CUDA torch is kept (with a note when it
+    cupti-python matches that CUDA (once a torch the plan installs is there; not at all
+    for a CPU torch). torch comes from ``NVRX_TORCH_INDEX`` when it is set, else from
+    ``wheels`` when they hold one; otherwise an installed CUDA torch is kept (with a note when it
     misses ``NVRX_TORCH_SPEC``). Every later command is constrained to the torch then
     installed (``constraints`` names that file), so nothing swaps it. The packages are
     installed editable without dependencies (each on its own), so an older
@@ -355,9 +362,12 @@ def install_plan(
     else:
         notes.append(f"keeping the installed torch {torch_version} (CUDA {torch_cuda})")
     pin = ("-c", constraints)
-    cupti = cupti_spec(torch_cuda)
-    if have.get("cupti-python") is None or not satisfies(have["cupti-python"] or "", cupti):
-        commands.append(Command("cupti-python", (*pip, *source, *pin, cupti), required=False))
+    cupti = CUPTI_AFTER_TORCH if commands else cupti_spec(torch_cuda)
+    if commands or torch_cuda is not None:  # a CUDA torch is there, or on its way
+        if have.get("cupti-python") is None or not satisfies(have["cupti-python"] or "", cupti):
+            commands.append(Command("cupti-python", (*pip, *source, *pin, cupti), required=False))
+    else:
+        notes.append("cupti-python is not installed: torch here is no CUDA build")
     for name, requirement in EXTRAS:
         version = have.get(name)
         if version is None or not satisfies(version, requirement):
@@ -481,9 +491,15 @@ def run_step(
     try:
         code = proc.wait(budget_s)
     except subprocess.TimeoutExpired:
+        # SIGTERM first: the step then writes what it measured so far (its figures).
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(TERM_GRACE_S)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
         code = None
         status, reason = "timed_out", f"still running after its budget of {budget_s:.0f} s"
     wall = time.monotonic() - start
@@ -646,6 +662,12 @@ def run_install(
             version = installed(["torch"])["torch"]
             constraints.write_text(f"torch=={version}\n" if version else "")
         argv = [str(constraints) if a == "{constraints}" else a for a in command.argv]
+        if CUPTI_AFTER_TORCH in argv:
+            cuda = torch_cuda_here(python)
+            if cuda is None:
+                print(f"gpu_check: install {command.what}: skipped, torch is no CUDA build")
+                continue
+            argv = [cupti_spec(cuda) if a == CUPTI_AFTER_TORCH else a for a in argv]
         log.write(f"\n===== install {command.what}: {shlex.join(argv)}\n")
         log.flush()
         start = time.monotonic()

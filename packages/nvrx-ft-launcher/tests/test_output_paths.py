@@ -160,3 +160,19 @@ def test_per_cycle_logs_never_follow_a_planted_symlink(
     ours = cycle_log_paths(str(prefix), 0, 0)[1]
     assert stat.S_ISREG(os.lstat(ours).st_mode)
     assert os.stat(ours).st_uid == os.getuid()
+
+
+def test_a_cycle_info_dir_from_yaml_that_anybody_may_write_is_refused(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    open_dir = tmp_path / "cycles"
+    open_dir.mkdir()
+    open_dir.chmod(0o777)
+    cfg = tmp_path / "ft.yaml"
+    cfg.write_text(f"fault_tolerance:\n  cycle_info_dir: {open_dir}\n")
+    with pytest.raises(SystemExit) as info:
+        main(["--ft-cfg-path", str(cfg), "train.py"])
+    assert info.value.code == ExitCode.USAGE_ERROR
+    err = capsys.readouterr().err
+    assert f"argument --ft-cycle-info-dir: {str(open_dir)!r}" in err, err
+    assert "not sticky" in err

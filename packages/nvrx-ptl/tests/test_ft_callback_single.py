@@ -311,3 +311,27 @@ def test_a_failed_timeouts_update_never_fails_the_job(
     assert "FT timeouts not updated: IsADirectoryError" in caplog.text, caplog.text
     assert flag.exists(), "training completed: the flag is there despite the failed update"
     assert not second.is_initialized, "FT was shut down all the same"
+
+
+@pytest.mark.timeout(120)
+def test_learned_timeouts_become_active_after_a_save_in_the_first_job(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    make_monitor: Callable[..., Monitor],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """calculate_timeouts=True learns within the job: once the steps and a first save
+    (the trainer has a checkpoint callback) were seen, the heartbeat timeout tightens."""
+    monitor = make_monitor(**ROBUST_TIMEOUTS, learn_min_steps=3)
+    monkeypatch.setenv("NVRX_FT_MONITOR_SOCKET", str(monitor.socket_path))
+    callback = FaultToleranceCallback(
+        autoresume=False, calculate_timeouts=True, exp_dir=tmp_path / "ft"
+    )
+    with caplog.at_level(logging.INFO, logger="nvrx.ft.RankMonitorClient"):
+        tiny_fit(tmp_path, [callback], max_steps=10, ckpt_dir=tmp_path / "ckpt", step_s=0.02)
+    text = caplog.text
+    assert "learning timeouts: active after 3 steps and a first checkpoint" in text
+    assert "learned timeouts active after" in text
+    active = next(r.getMessage() for r in caplog.records if "timeouts active after" in r.message)
+    assert "a checkpoint" in active
+    assert not [e for e in monitor.events_seen() if e["event"] == "rank_terminated"]

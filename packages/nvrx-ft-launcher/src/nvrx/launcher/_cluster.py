@@ -19,6 +19,7 @@ from nvrx.ft import FaultToleranceConfig
 from ._node_health import HealthSettings
 from ._numa import GPUS_PER_NUMA_ENV, machine_plan, numactl_refusal, parse_gpus_per_numa
 from ._segments import SegmentSettings
+from ._validation import unsafe_output_path
 
 __all__: list[str] = []
 
@@ -84,6 +85,9 @@ def cluster_options(
         raise ValueError(
             f"argument --ft-cycle-info-dir: {cycle_dir!r} is not writable by this user"
         )
+    unsafe = None if cycle_dir is None else unsafe_output_path(cycle_dir, is_dir=True)
+    if unsafe is not None:  # also when the directory came from the YAML file
+        raise ValueError(f"argument --ft-cycle-info-dir: {cycle_dir!r}: {unsafe}")
     return ClusterOptions(
         health=HealthSettings(
             gpu=cfg.enable_gpu_monitor,

@@ -125,7 +125,7 @@ def decide(
             Action.STOP,
             f"{reason}; deterministic failure, the same in two cycles in a row before their "
             f"first step: {repeated_error} (restarting cannot help; "
-            "--ft-no-stop-on-repeated-error restarts anyway)",
+            "--ft-stop-on-repeated-error=false restarts anyway)",
             node,
             state,
             StopCause.DETERMINISTIC_FAILURE,

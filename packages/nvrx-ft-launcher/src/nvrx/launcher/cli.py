@@ -35,6 +35,7 @@ from nvrx.ft import (
     add_ft_arguments,
     log_formatter,
 )
+from nvrx.ft.config import parse_bool
 
 from . import _local_ckpt
 from ._monitors import MonitorSupervisor
@@ -343,12 +344,16 @@ def _add_restart_options(parser: argparse.ArgumentParser) -> None:
     )
     restart.add_argument(  # issue 27 item 5 (ft27)
         "--ft-stop-on-repeated-error",
+        "--ft-stop_on_repeated_error",
         dest="ft_stop_on_repeated_error",
-        action=argparse.BooleanOptionalAction,
+        type=lambda value: parse_bool("--ft-stop-on-repeated-error", value),
+        nargs="?",
+        const=True,
         default=True,
+        metavar="BOOL",
         help="stop with exit code 6 when two cycles in a row fail before their first step "
-        "with the same exception at the same source line (--ft-no-stop-on-repeated-error: "
-        "restart anyway); communication, device and killed or hung ranks never count",
+        "with the same exception at the same source line (false: restart anyway); "
+        "communication and device errors and killed or hung ranks never count",
     )
     restart.add_argument(
         "--ft-no-restart-exit-code",

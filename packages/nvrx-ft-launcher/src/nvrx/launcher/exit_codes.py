@@ -31,7 +31,7 @@ class ExitCode(enum.IntEnum):
     #: The launcher itself failed (rendezvous timed out or closed, store lost, ...).
     LAUNCHER_ERROR = 5
     #: Two consecutive cycles failed before their first step with the same exception
-    #: at the same source line: restarting cannot help (--ft-no-stop-on-repeated-error
+    #: at the same source line: restarting cannot help (--ft-stop-on-repeated-error=false
     #: turns the rule off).
     DETERMINISTIC_FAILURE = 6
     #: Ranks crashed again and again without making progress (the progress rule).
