@@ -137,6 +137,32 @@ def test_saves_every_time_interval(tmp_path: pathlib.Path) -> None:
         LocalCheckpointCallback(every_n_train_steps=2, train_time_interval=timedelta(seconds=1))
 
 
+def test_launcher_environment_alone_is_enough(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No HierarchicalCheckpointIO and no interval given: both come from the launcher."""
+    monkeypatch.setenv("NVRX_LOCAL_CKPT_DIR", str(tmp_path / "node"))
+    monkeypatch.setenv("NVRX_LOCAL_CKPT_JOB", "job-1")
+    monkeypatch.setenv("NVRX_LOCAL_CKPT_EVERY_N_STEPS", "3")
+    monkeypatch.setenv("NVRX_LOCAL_CKPT_EVERY_S", "3600")
+    callback = LocalCheckpointCallback()
+    assert (callback._local_every_n, callback._local_every_s) == (3, 3600.0)
+    trainer, _ = fit(tmp_path, [callback], None, max_steps=7)
+    # the callback's IO is gone again after the fit; the snapshot of step 6 stays
+    assert not isinstance(trainer.strategy.checkpoint_io, HierarchicalCheckpointIO)
+    assert any((tmp_path / "node").rglob("*.snap"))
+    start = StartStep()
+    trainer, _ = fit(tmp_path, [LocalCheckpointCallback(), start], None, max_steps=9)
+    assert start.start == 6
+    assert trainer.ckpt_path == f"{LOCAL_PATH_PREFIX}6"
+    # without the launcher's environment: one warning, no snapshots, a plain fit
+    monkeypatch.delenv("NVRX_LOCAL_CKPT_DIR")
+    start = StartStep()
+    fit(tmp_path / "other", [LocalCheckpointCallback(every_n_train_steps=1), start], None, 2)
+    assert start.start == 0
+    assert not (tmp_path / "other").exists() or not any((tmp_path / "other").rglob("*.snap"))
+
+
 def _local_and_global(tmp_path: pathlib.Path, local_it: int, global_it: int) -> tuple[Any, str]:
     mgr = manager(tmp_path)
     io = HierarchicalCheckpointIO(TorchCheckpointIO(), mgr, None)
