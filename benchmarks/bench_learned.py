@@ -7,7 +7,7 @@
   ``learn_timeouts: false``, take 300 s. The loop has no checkpoint or validation, so
   the learned timeout is 5 x the longest step (about 5 s) once 16 steps have run.
 - ``heartbeat_learning`` / ``section_pair_learning``: the hot path with learned
-  timeouts active (compare ``heartbeat`` and ``section_pair`` of ``ft_core``).
+  timeouts active (compare ``heartbeat`` and ``section_pair`` of the ``ft_core`` area).
 
     .venv-dev/bin/python benchmarks/run.py --only learned
 """
@@ -34,7 +34,7 @@ from nvrx.ft import (
     parse_monitor_event,
 )
 
-AREA = "ft_core"
+AREA = "learned"
 STEP_S = 1.0
 _FIRST_RUN_RANK = """
 import sys, time
