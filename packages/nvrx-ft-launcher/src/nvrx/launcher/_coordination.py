@@ -15,8 +15,9 @@ EtcdStore has no ``clone``) is polled instead, at most every ``_FALLBACK_POLL_S`
 
 The store is not ours to trust: anyone who reaches its port can write to it. So every
 decision and the ``state`` hint are published in an envelope: the JSON body and, when the
-job has a key (:mod:`._job_key`), an HMAC-SHA256 bound to the run id and the store key it
-sits under (a value copied from another job, cycle or key does not verify). A value that
+job has a key (:mod:`._job_key`), an HMAC-SHA256 bound to the run id, the run's nonce
+(:mod:`._run_nonce`) and the store key it sits under (a value copied from another job,
+run of the same job, cycle or key does not verify). A value that
 is malformed, or not signed with the job's key when there is one, is ignored and logged;
 it never ends a launcher. The exit code of a stop is derived from the decision's kind,
 never read from the store. Everything on the wire is JSON.
@@ -45,6 +46,7 @@ import enum
 import hashlib
 import json
 import logging
+import os
 import socket
 import threading
 import time
@@ -52,6 +54,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ._job_key import sign, verify
+from ._run_nonce import run_nonce, scheduler_attempt, signed_run
 from ._torch_compat import PrefixStore, Store
 from .exit_codes import ExitCode
 
@@ -307,7 +310,10 @@ class _DecisionWatch:
 class JobCoordinator:
     """Claims, publishes and reads the per-cycle decisions of one job (one run id).
 
-    ``key`` is the job key (None: values are neither signed nor checked).
+    ``key`` is the job key (None: values are neither signed nor checked). With a key,
+    values are also bound to this run's nonce, read (or created, by the run's first
+    launcher) here; ``attempt`` is the scheduler's requeue count (default: from
+    SLURM_RESTART_CNT).
     """
 
     def __init__(
@@ -318,6 +324,7 @@ class JobCoordinator:
         *,
         key: bytes | None = None,
         on_reject: RejectHook | None = None,
+        attempt: int | None = None,
     ) -> None:
         # A store written in Python (torch's EtcdStore) works from C++ only while its
         # Python object lives: hold it here, not just through the PrefixStore.
@@ -333,6 +340,10 @@ class JobCoordinator:
         self._watch_tried = False
         self._decided: tuple[int, Decision] | None = None
         self._next_read = (-1, 0.0)  # (cycle, monotonic time) of decided()'s next read
+        if attempt is None:
+            attempt = scheduler_attempt(os.environ)
+        #: The run as signed values name it (run id and nonce).
+        self._signed_run = signed_run(run_id, run_nonce(self._base, key, run_id, attempt))
 
     @property
     def node(self) -> str:
@@ -347,7 +358,7 @@ class JobCoordinator:
     # -- the envelope ----------------------------------------------------------------
 
     def _context(self, name: str) -> str:
-        return f"nvrx.launcher/v{WIRE_VERSION}/{self._run_id}/{name}"
+        return f"nvrx.launcher/v{WIRE_VERSION}/{self._signed_run}/{name}"
 
     def _envelope(self, name: str, body: str) -> str:
         raw = body.encode("utf-8")
@@ -398,7 +409,10 @@ class JobCoordinator:
         if self._key is not None and (
             mac is None or not verify(self._key, self._context(name), raw, mac)
         ):
-            raise ValueError("not signed with this job's key (NVRX_JOB_KEY)")
+            raise ValueError(
+                "not signed with this job's key (NVRX_JOB_KEY) for this run (a value "
+                "of an earlier run of the job does not verify)"
+            )
         return raw
 
     def _read(self, name: str, parse: Callable[[bytes], Any]) -> Any:

@@ -7,11 +7,11 @@ names ranks the scheduler does not know. NVRx 0.7 always aligns them (its v0.5 f
 every node publishes its scheduler index in the round's store, torch's rank 0 sorts
 them (:func:`aligned_ranks`) and publishes one result (every node and its group rank,
 in torch order), and every node checks it and takes its place: O(1) store operations
-per node. Both are signed with the job key when there is one (HMAC bound to the run id
-and the store key). A result that does not check (unsigned, a duplicate rank, this node
-missing from its place) is never replaced by a rank of the node's own choosing: the
-round fails with RendezvousError. The ranks stay dense (0..N-1) when the scheduler's
-are not (a replaced node).
+per node. Both are signed with the job key when there is one (HMAC bound to the run id,
+the run's nonce (:mod:`._run_nonce`) and the store key). A result that does not check
+(unsigned, a duplicate rank, this node missing from its place) is never replaced by a
+rank of the node's own choosing: the round fails with RendezvousError. The ranks stay
+dense (0..N-1) when the scheduler's are not (a replaced node).
 
 With standby nodes (``--ft-standby-nodes``) the ranks are also stable: a node that was in
 the previous round keeps its group rank, and a standby that takes a departed node's
@@ -31,6 +31,7 @@ from datetime import timedelta
 from torch.distributed.elastic.rendezvous import RendezvousError, RendezvousHandler, RendezvousInfo
 
 from ._job_key import sign, verify
+from ._run_nonce import run_nonce, scheduler_attempt, signed_run
 from ._segments import whole_segments
 from ._torch_compat import Store
 
@@ -189,6 +190,7 @@ def _parse_published(text: bytes | str) -> _Published:
 
 
 def _context(run_id: str, name: str) -> str:
+    # run_id is the signed run (:func:`._run_nonce.signed_run`): run id and nonce.
     return f"nvrx.launcher/v1/{run_id}/{name}"
 
 
@@ -369,6 +371,8 @@ class GroupRankAligner:
         #: already warned about at start-up; still checked as a permutation).
         self._key = key
         self._run_id = run_id
+        #: The run as signed values name it (with the nonce), once the store is known.
+        self._signed_run: str | None = None
         #: (node id, group rank) of every node in the last round, by group rank.
         self.nodes: tuple[tuple[str, int], ...] = ()
         #: With ``stable``: (group rank, node that left, node in its place) of the last
@@ -399,6 +403,9 @@ class GroupRankAligner:
             placed = None if self._place is None else self._place()
             mine = infra_key(self._env, info.rank) if placed is None else InfraKey(0, placed[0])
             before = self.nodes
+            if self._signed_run is None:
+                nonce = run_nonce(info.store, self._key, self._run_id, scheduler_attempt(self._env))
+                self._signed_run = signed_run(self._run_id, nonce)
             rank, self.nodes = _align(
                 info.store,
                 info.rank,
@@ -408,7 +415,7 @@ class GroupRankAligner:
                 self._rank if self._stable else None,
                 stable=self._stable,
                 key=self._key,
-                run_id=self._run_id,
+                run_id=self._signed_run,
                 segment=None if placed is None else placed[1],
                 segment_size=self._segment_size,
             )

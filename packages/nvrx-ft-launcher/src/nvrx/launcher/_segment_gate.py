@@ -2,7 +2,8 @@
 
 ``--ft-segment=N``. Each start and restart of the job is an *epoch* of the gate, in the
 rendezvous' own store (the base store, under ``nvrx.launcher/segments/<run id>/``).
-Every value that decides anything is signed with the job key (bound to its store key);
+Every value that decides anything is signed with the job key (bound to its store key and
+the run's nonce, :mod:`._run_nonce`);
 the only unsigned values are hints (``<e>/opened``, ``<e>/count``) that say where to
 look, never what to do:
 
@@ -43,6 +44,7 @@ from torch.distributed.elastic.rendezvous import RendezvousHandler
 from torch.distributed.elastic.rendezvous.api import RendezvousTimeoutError
 
 from ._group_rank import InfraKey, _seal, _unseal, infra_key
+from ._run_nonce import run_nonce, scheduler_attempt, signed_run
 from ._segments import Election, Member, Segment, SegmentSettings, elect
 from ._torch_compat import Store, rendezvous_nodes
 
@@ -123,6 +125,8 @@ class SegmentGate:
         self._env = env
         self._key = key
         self._run_id = run_id
+        #: The run as signed values name it (with the nonce), once the store is known.
+        self._signed_run: str | None = None
         self._prefix = f"nvrx.launcher/segments/{run_id}/"
         #: The epoch this node was last active in (None: never yet).
         self.epoch: int | None = None
@@ -143,11 +147,19 @@ class SegmentGate:
     def _k(self, name: str) -> str:
         return self._prefix + name
 
+    def _run(self, store: Store) -> str:
+        """The signed run: run id and this run's nonce (read or created once)."""
+        if self._signed_run is None:
+            attempt = scheduler_attempt(self._env)
+            nonce = run_nonce(store, self._key, self._run_id, attempt)
+            self._signed_run = signed_run(self._run_id, nonce)
+        return self._signed_run
+
     def _read(self, store: Store, name: str) -> str:
-        return _unseal(self._key, self._run_id, self._k(name), store.get(self._k(name)))
+        return _unseal(self._key, self._run(store), self._k(name), store.get(self._k(name)))
 
     def _write(self, store: Store, name: str, body: str) -> None:
-        store.set(self._k(name), _seal(self._key, self._run_id, self._k(name), body))
+        store.set(self._k(name), _seal(self._key, self._run(store), self._k(name), body))
 
     def _count(self, store: Store, name: str, by: int = 0) -> int:
         return int(store.add(self._k(name), by))
@@ -209,7 +221,7 @@ class SegmentGate:
         for j in range(places):
             i = (start + j) % places
             key = self._k(f"{epoch}/slot/{i}")
-            sealed = _seal(self._key, self._run_id, key, body)
+            sealed = _seal(self._key, self._run(store), key, body)
             if store.compare_set(key, "", sealed) == sealed.encode():
                 self._seen[epoch, i] = member
                 return i
@@ -446,7 +458,7 @@ class SegmentGate:
         if election is None:
             return
         key = self._k(f"{epoch}/result")
-        sealed = _seal(self._key, self._run_id, key, election.to_json())
+        sealed = _seal(self._key, self._run(store), key, election.to_json())
         there = store.compare_set(key, "", sealed)
         if there != sealed.encode() and self._election(store, epoch) is None:
             # Not a valid result (nobody with the key wrote it): replace exactly that value.
