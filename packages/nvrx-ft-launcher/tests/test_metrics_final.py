@@ -110,7 +110,7 @@ def test_push_sends_the_final_values_to_the_gateway(
     assert _recorder().push(url, "nvrx_launcher", {"run_id": "job-7", "instance": "node-a"})
     ((method, path, body),) = pushes
     assert method == "PUT"  # replaces the group's earlier values
-    assert path == "/metrics/job/nvrx_launcher/run_id/job-7/instance/node-a"
+    assert path == "/metrics/job/nvrx_launcher/instance/node-a/run_id/job-7"
     s = parse(body.decode())
     assert s[("nvrx_ettr_ratio", ())] == pytest.approx(0.8)
     assert s[("nvrx_restarts_total", (("cause", "crash"),))] == 1

@@ -64,7 +64,8 @@ def test_metrics_are_scraped_during_the_run_and_count_the_crash(
     assert launcher.proc.poll() is None, "the run ended before the scrape"
     assert re.search(r'^nvrx_restarts_total\{cause="crash"\} 1\.0$', text, re.M), text
     assert re.search(r'^nvrx_monitor_up\{local_rank="1"\} 1\.0$', text, re.M), text
-    assert re.search(r"^nvrx_fault_detection_seconds_count 1\.0$", text, re.M), text
+    detection = r'^nvrx_fault_detection_seconds_count\{cause="crash"\} 1\.0$'
+    assert re.search(detection, text, re.M), text
     assert re.search(r"^nvrx_ettr_ratio ", text, re.M), text
 
     assert launcher.wait() == ExitCode.SUCCESS, launcher.log()
@@ -104,10 +105,11 @@ def test_the_final_values_outlive_the_launcher_in_a_textfile_and_the_gateway(
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
     textfile = tmp_path / "nvrx.prom"
+    journal = tmp_path / "journal.jsonl"
     try:
         launcher = start_launcher(
             [
-                "--nproc-per-node", "2", "--max-restarts", "1", "--rdzv-id", "job-7",
+                "--nproc-per-node", "2", "--max-restarts", "1", "--ft-journal", str(journal),
                 "--ft-metrics-textfile", str(textfile),
                 "--ft-metrics-pushgateway", f"127.0.0.1:{httpd.server_address[1]}",
             ],
@@ -120,7 +122,10 @@ def test_the_final_values_outlive_the_launcher_in_a_textfile_and_the_gateway(
         thread.join(timeout=10)
     assert f"final metrics written to {textfile}" in launcher.log()
     ((path, body),) = pushes
-    assert path == f"/metrics/job/nvrx_launcher/run_id/job-7/instance/{socket.gethostname()}"
+    (run_start,) = _records(journal, "run_start")
+    assert path == (
+        f"/metrics/job/nvrx_launcher/instance/{socket.gethostname()}/run_id/{run_start['run_id']}"
+    )
     for s in (_samples(textfile.read_text()), _samples(body.decode())):
         assert s[("nvrx_restarts_total", (("cause", "crash"),))] == 1
         assert s[("nvrx_restart_recovery_seconds_count", (("cause", "crash"),))] == 1
