@@ -1227,6 +1227,19 @@ FLAGS: tuple[Flag, ...] = (
         "a Prometheus endpoint (restarts by cause, latencies, goodput), 127.0.0.1 by default",
     ),
     Flag(
+        (
+            "--ft-metrics-textfile",
+            "--ft_metrics_textfile",
+            "--ft-metrics-pushgateway",
+            "--ft_metrics_pushgateway",
+        ),
+        "--ft-metrics-textfile",
+        Status.ADDED,
+        "",
+        "the job's final metrics kept after the launcher exits: a node_exporter textfile, "
+        "a Pushgateway",
+    ),
+    Flag(
         ("--warm-spares", "--warm-spare-preload"),
         "--warm-spares",
         Status.ADDED,

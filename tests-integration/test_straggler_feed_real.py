@@ -76,7 +76,7 @@ def test_rank_zeros_report_reaches_journal_metrics_and_goodput(
     assert _gauge(text, "nvrx_straggler_score", kind="relative", rank="1") == 0.5, text
     assert _gauge(text, "nvrx_straggler_score", kind="individual", rank="0") == 0.9, text
     assert _gauge(text, "nvrx_straggler_score", kind="individual", rank="1") == 0.9, text
-    wait_gauge = _gauge(text, "nvrx_goodput_seconds", phase="straggler_wait")
+    wait_gauge = _gauge(text, "nvrx_badput_seconds", phase="straggler_wait")
     assert wait_gauge is not None, text
     assert wait_gauge > 0, text
 

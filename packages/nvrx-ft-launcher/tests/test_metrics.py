@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import logging
 import math
+import platform
 import socket
 import subprocess
 import sys
@@ -15,6 +17,7 @@ from prometheus_client.parser import (  # type: ignore[import-not-found, unused-
     text_string_to_metric_families,
 )
 
+import nvrx.launcher
 from nvrx.launcher.goodput import Cause, Phase, account
 from nvrx.launcher.metrics import (
     DETECTION_BUCKETS,
@@ -60,6 +63,17 @@ def test_bound_to_loopback_on_a_free_port(server: MetricsServer) -> None:
     assert samples[("nvrx_ettr_ratio", ())] == 0.0
 
 
+def test_build_info_names_the_nvrx_torch_and_python_versions(server: MetricsServer) -> None:
+    _, samples = scrape(server)
+    (labels,) = [dict(k[1]) for k in samples if k[0] == "nvrx_build_info"]
+    assert labels == {
+        "nvrx_version": nvrx.launcher.__version__,
+        "torch_version": importlib.metadata.version("torch"),
+        "python_version": platform.python_version(),
+    }
+    assert samples[("nvrx_build_info", tuple(sorted(labels.items())))] == 1.0
+
+
 def test_restarts_latencies_goodput_health_and_scores(server: MetricsServer) -> None:
     rec = server.recorder
     rec.restart(Cause.HANG, 12.5, 3.0)
@@ -81,16 +95,23 @@ def test_restarts_latencies_goodput_health_and_scores(server: MetricsServer) -> 
     text, s = scrape(server)
     assert s[("nvrx_restarts_total", (("cause", "hang"),))] == 2
     assert s[("nvrx_restarts_total", (("cause", "crash"),))] == 1
-    assert s[("nvrx_fault_detection_seconds_count", ())] == 2
-    assert s[("nvrx_fault_detection_seconds_sum", ())] == pytest.approx(12.54)
-    assert s[("nvrx_fault_detection_seconds_bucket", (("le", "0.05"),))] == 1
-    assert s[("nvrx_fault_detection_seconds_bucket", (("le", "+Inf"),))] == 2
+    hang = (("cause", "hang"),)
+    assert s[("nvrx_fault_detection_seconds_count", hang)] == 2
+    assert s[("nvrx_fault_detection_seconds_sum", hang)] == pytest.approx(12.54)
+    assert s[("nvrx_fault_detection_seconds_bucket", (*hang, ("le", "0.05")))] == 1
+    assert s[("nvrx_fault_detection_seconds_bucket", (*hang, ("le", "+Inf")))] == 2
+    assert ("nvrx_fault_detection_seconds_count", (("cause", "crash"),)) not in s
     buckets = [k for k in s if k[0] == "nvrx_fault_detection_seconds_bucket"]
-    assert len(buckets) == len(DETECTION_BUCKETS) + 1
-    assert s[("nvrx_restart_recovery_seconds_count", ())] == 2
-    assert s[("nvrx_goodput_seconds", (("phase", "productive"),))] == 20.0
-    assert s[("nvrx_goodput_seconds", (("phase", "startup"),))] == 5.0
-    assert {k[1][0][1] for k in s if k[0] == "nvrx_goodput_seconds"} == {p.value for p in Phase}
+    assert len(buckets) == len(DETECTION_BUCKETS) + 1  # one trigger observed
+    assert s[("nvrx_restart_recovery_seconds_count", hang)] == 1
+    assert s[("nvrx_restart_recovery_seconds_count", (("cause", "crash"),))] == 1
+    assert s[("nvrx_restart_recovery_seconds_sum", (("cause", "crash"),))] == pytest.approx(0.2)
+    # goodput: productive time only; every other phase is badput
+    assert s[("nvrx_goodput_seconds", ())] == 20.0
+    assert s[("nvrx_badput_seconds", (("phase", "startup"),))] == 5.0
+    badput = {k[1][0][1] for k in s if k[0] == "nvrx_badput_seconds"}
+    assert badput == {p.value for p in Phase} - {"productive"}
+    assert sum(v for k, v in s.items() if k[0] == "nvrx_badput_seconds") == 5.0
     assert s[("nvrx_ettr_ratio", ())] == pytest.approx(0.8)
     assert s[("nvrx_monitor_up", (("local_rank", "0"),))] == 1
     assert s[("nvrx_monitor_up", (("local_rank", "1"),))] == 0
@@ -98,6 +119,8 @@ def test_restarts_latencies_goodput_health_and_scores(server: MetricsServer) -> 
     assert s[("nvrx_straggler_score", (("kind", "relative"), ("rank", "1")))] == 0.95
     assert ("nvrx_straggler_score", (("kind", "relative"), ("rank", "2"))) not in s
     assert s[("nvrx_straggler_score", (("kind", "individual"), ("rank", "3")))] == 0.7
+    assert s[("nvrx_straggler_ranks", (("kind", "relative"),))] == 2
+    assert s[("nvrx_straggler_score_median", (("kind", "relative"),))] == pytest.approx(0.925)
     assert "# TYPE nvrx_restarts_total counter" in text
     assert "# TYPE nvrx_fault_detection_seconds histogram" in text
 
@@ -113,7 +136,7 @@ def test_bad_values_are_logged_once_never_raised(
     assert sum("metrics:" in r.getMessage() for r in caplog.records) == 1
     _, s = scrape(server)
     assert s[("nvrx_restarts_total", (("cause", "crash"),))] == 1
-    assert s[("nvrx_fault_detection_seconds_count", ())] == 0
+    assert not any(k[0] == "nvrx_fault_detection_seconds_count" for k in s)
     assert not any(k[0] == "nvrx_straggler_score" for k in s)
 
 

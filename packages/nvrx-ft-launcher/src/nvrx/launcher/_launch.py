@@ -12,6 +12,7 @@ import dataclasses
 import logging
 import os
 import signal
+import socket
 import sys
 from types import FrameType
 
@@ -72,6 +73,10 @@ class LaunchOptions:
     #: The Prometheus endpoint's port (None: off; 0: any free port) and bind address.
     metrics_port: int | None = None
     metrics_addr: str = "127.0.0.1"
+    #: Where the final metrics go as the launcher exits (None: nowhere): a textfile for
+    #: node_exporter, a Pushgateway.
+    metrics_textfile: str | None = None
+    metrics_pushgateway: str | None = None
     warm_spares: bool = False
     warm_spare_preload: tuple[str, ...] = DEFAULT_PRELOAD
     #: Health checks, GPU memory wait, NUMA, cycle info, per-cycle logs (issue 17).
@@ -162,6 +167,34 @@ def _metrics_server(options: LaunchOptions) -> metrics.MetricsServer | None:
         ) from None
 
 
+def _metrics_recorder(
+    options: LaunchOptions, server: metrics.MetricsServer | None
+) -> metrics.NullRecorder:
+    """The endpoint's recorder, one without an endpoint when only the final values are
+    kept (--ft-metrics-textfile, --ft-metrics-pushgateway), or the null recorder."""
+    if server is not None:
+        return server.recorder
+    if options.metrics_textfile is None and options.metrics_pushgateway is None:
+        return metrics.NULL_RECORDER
+    try:
+        return metrics.PrometheusRecorder()
+    except RuntimeError as exc:  # no prometheus_client
+        option = "--ft-metrics-textfile" if options.metrics_textfile else "--ft-metrics-pushgateway"
+        value = options.metrics_textfile or options.metrics_pushgateway
+        raise LauncherExit(int(ExitCode.USAGE_ERROR), f"{option} {value}: {exc}") from None
+
+
+def _final_metrics(options: LaunchOptions, recorder: metrics.NullRecorder) -> None:
+    """The job's final values, kept past the launcher's exit (never raises)."""
+    if not isinstance(recorder, metrics.PrometheusRecorder):
+        return
+    if options.metrics_textfile is not None:
+        recorder.write_textfile(options.metrics_textfile)
+    if options.metrics_pushgateway is not None:
+        grouping = {"run_id": options.config.run_id, "instance": socket.gethostname()}
+        recorder.push(options.metrics_pushgateway, "nvrx_launcher", grouping)
+
+
 def _numa_plan(options: LaunchOptions) -> NumaPlan | None:
     """Where each local rank runs, when NVRX_GPUS_PER_NUMA asks for NUMA binding."""
     cluster = options.cluster
@@ -246,10 +279,12 @@ def launch(options: LaunchOptions, monitors: MonitorSupervisor | None = None) ->
     numa = _numa_plan(options)
     spares = _spare_pool(options, numa)
     server: metrics.MetricsServer | None = None
+    metrics_recorder: metrics.NullRecorder = metrics.NULL_RECORDER
     node_dir: NodeDirectory | None = None
     try:
         handled = _install_signal_handlers(config.signals_to_handle)
         server = _metrics_server(options)
+        metrics_recorder = _metrics_recorder(options, server)
         node_dir = _node_directory(options)
         if monitors is None:
             monitors = MonitorSupervisor(
@@ -271,7 +306,7 @@ def launch(options: LaunchOptions, monitors: MonitorSupervisor | None = None) ->
             log_line_prefix_template=config.log_line_prefix_template,
             recorder=recorder,
             spares=spares,
-            metrics=metrics.NULL_RECORDER if server is None else server.recorder,
+            metrics=metrics_recorder,
             cluster=options.cluster,
             numa=numa,
             local_ckpt_dir=None if node_dir is None else node_dir.path,
@@ -324,6 +359,7 @@ def launch(options: LaunchOptions, monitors: MonitorSupervisor | None = None) ->
         if node_dir is not None:  # a failed job's is left (the next launcher removes it)
             node_dir.close(succeeded=code == ExitCode.SUCCESS)
         recorder.record(Finished(exit_code=int(code), reason=reason))
+        _final_metrics(options, metrics_recorder)
         if server is not None:
             server.close()
         logger.debug("cleaned up")

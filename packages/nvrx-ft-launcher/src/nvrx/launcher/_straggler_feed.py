@@ -15,8 +15,9 @@ worst rank and gauge values) by a child process
 (:mod:`nvrx.launcher._straggler_summary`), so neither its parse (which would hold the
 GIL for a second or more) nor its memory is the launcher's; a later tick takes the
 summary. A small one (a few thousand ranks) is read at once, as before. The score gauges hold the
-:data:`MAX_SCORE_GAUGES` lowest scores of each kind (the stragglers), so neither
-publishing nor scraping grows with the job.
+:data:`MAX_SCORE_GAUGES` lowest scores of each kind (the stragglers) and, as their
+summary, each kind's rank count and median, so neither publishing nor scraping grows
+with the job.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from typing import Any
 
 from nvrx.ft import StragglerScores, read_straggler_scores
 
-from ._straggler_summary import KINDS, MAX_SCORE_GAUGES, lowest
+from ._straggler_summary import KINDS, MAX_SCORE_GAUGES, lowest, stats
 from .goodput import StragglerWait
 from .metrics import NULL_RECORDER, NullRecorder
 
@@ -61,15 +62,24 @@ class _Summary:
     fraction: float | None
     worst: tuple[int, float] | None
     gauges: dict[str, dict[int, float]]
+    #: Per kind: how many ranks the report scored and their median (the gauges' summary).
+    stats: dict[str, tuple[int, float | None]]
 
 
 def _summarise(scores: StragglerScores) -> _Summary:
+    every = {kind: scores.scores(kind) for kind in KINDS}
     return _Summary(
         ranks=len(scores.ranks),
         fraction=scores.wait_fraction(),
         worst=scores.worst("relative"),
-        gauges={kind: lowest(scores.scores(kind)) for kind in KINDS},
+        gauges={kind: lowest(every[kind]) for kind in KINDS},
+        stats={kind: stats(every[kind]) for kind in KINDS},
     )
+
+
+def _stats_from_child(raw: Any) -> tuple[int, float | None]:
+    count, median = raw
+    return int(count), None if median is None else float(median)
 
 
 def _from_child(out: dict[str, Any]) -> tuple[StragglerScores, _Summary]:
@@ -91,8 +101,9 @@ def _from_child(out: dict[str, Any]) -> tuple[StragglerScores, _Summary]:
                 kind: {int(r): float(v) for r, v in out["gauges"][kind][:MAX_SCORE_GAUGES]}
                 for kind in KINDS
             },
+            stats={kind: _stats_from_child(out["stats"][kind]) for kind in KINDS},
         )
-    except (KeyError, TypeError, IndexError) as exc:
+    except (KeyError, TypeError, IndexError, ValueError) as exc:
         raise ValueError(f"the summary child's output is malformed: {exc!r}") from None
     return scores, summary
 
@@ -203,9 +214,10 @@ class StragglerFeed:
     def show(self, scores: StragglerScores) -> None:
         """The report's lowest scores as the ``nvrx_straggler_score`` gauges (the last
         report's only; at most :data:`MAX_SCORE_GAUGES` ranks per kind)."""
-        gauges = self._summary(scores).gauges
+        summary = self._summary(scores)
         for kind in KINDS:
-            self._metrics.straggler_scores(gauges[kind], kind)
+            ranks, median = summary.stats[kind]
+            self._metrics.straggler_scores(summary.gauges[kind], kind, ranks=ranks, median=median)
 
     def worst(self, scores: StragglerScores) -> tuple[int, float] | None:
         """The rank with the lowest relative score and that score (computed once)."""

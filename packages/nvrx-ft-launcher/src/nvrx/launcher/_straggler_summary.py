@@ -2,10 +2,11 @@
 
 ``python -m nvrx.launcher._straggler_summary PATH`` reads and validates PATH
 (:func:`nvrx.ft.read_straggler_scores`) and prints one JSON object: the report's header,
-its rank count, wait fraction, worst rank and the lowest scores of each kind (at most
-``MAX_SCORE_GAUGES``), or ``{"error": ...}``. Parsing the largest report the format
-allows takes seconds and hundreds of MiB; here that is the child's, not the launcher's:
-the launcher's loop, memory and GIL stay free for failure handling.
+its rank count, wait fraction, worst rank, the lowest scores of each kind (at most
+``MAX_SCORE_GAUGES``) and each kind's rank count and median, or ``{"error": ...}``.
+Parsing the largest report the format allows takes seconds and hundreds of MiB; here
+that is the child's, not the launcher's: the launcher's loop, memory and GIL stay free
+for failure handling.
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ from __future__ import annotations
 import heapq
 import json
 import math
+import statistics
 import sys
+from collections.abc import Iterable
 from typing import Any
 
 from nvrx.ft import StragglerScores, read_straggler_scores
@@ -36,6 +39,17 @@ def lowest(scores: dict[int, float], count: int = MAX_SCORE_GAUGES) -> dict[int,
     return dict(heapq.nsmallest(count, scores.items(), key=_lowest_first))
 
 
+def median_score(scores: Iterable[float]) -> float | None:
+    """The median of the finite ``scores`` (None: there are none)."""
+    finite = [v for v in scores if math.isfinite(v)]
+    return statistics.median(finite) if finite else None
+
+
+def stats(scores: dict[int, float]) -> tuple[int, float | None]:
+    """How many ranks ``scores`` holds and their median: the gauges' summary."""
+    return len(scores), median_score(scores.values())
+
+
 def summary(scores: StragglerScores) -> dict[str, Any]:
     """The JSON the child prints for ``scores``."""
     worst = scores.worst("relative")
@@ -49,6 +63,7 @@ def summary(scores: StragglerScores) -> dict[str, Any]:
         "fraction": scores.wait_fraction(),
         "worst": None if worst is None else list(worst),
         "gauges": {kind: sorted(lowest(scores.scores(kind)).items()) for kind in KINDS},
+        "stats": {kind: list(stats(scores.scores(kind))) for kind in KINDS},
     }
 
 

@@ -200,6 +200,7 @@ def validate_launcher_files(args: argparse.Namespace, parser: argparse.ArgumentP
 _OUTPUTS = (
     ("--ft-journal", "ft_journal", False),
     ("--ft-cycle-log", "ft_cycle_log", False),
+    ("--ft-metrics-textfile", "ft_metrics_textfile", False),
     ("--ft-per-cycle-applog-prefix", "ft_per_cycle_applog_prefix", False),
     ("--ft-cycle-info-dir", "ft_cycle_info_dir", True),
     ("--log-dir", "log_dir", True),  # the default journal's directory, and torch's logs

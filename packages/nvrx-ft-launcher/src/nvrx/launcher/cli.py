@@ -399,6 +399,30 @@ def _add_restart_options(parser: argparse.ArgumentParser) -> None:
         help="the address the metrics endpoint binds to (default 127.0.0.1; 0.0.0.0 lets a "
         "Prometheus on another host scrape it)",
     )
+    from ._metrics_options import metrics_textfile, pushgateway_url  # issue 25 item 5
+
+    restart.add_argument(
+        "--ft-metrics-textfile",
+        "--ft_metrics_textfile",
+        dest="ft_metrics_textfile",
+        type=metrics_textfile,
+        default=None,
+        metavar="PATH",
+        help="as the launcher exits, write the final metrics (ETTR, restarts, goodput and "
+        "badput seconds) to PATH for node_exporter's textfile collector (name it *.prom), "
+        "atomically; needs nvrx-ft-launcher[metrics] (default: off)",
+    )
+    restart.add_argument(
+        "--ft-metrics-pushgateway",
+        "--ft_metrics_pushgateway",
+        dest="ft_metrics_pushgateway",
+        type=pushgateway_url,
+        default=None,
+        metavar="URL",
+        help="as the launcher exits, push the final metrics to this Prometheus Pushgateway "
+        "(job nvrx_launcher, grouped by run_id and instance, the host name); needs "
+        "nvrx-ft-launcher[metrics] (default: off)",
+    )
 
 
 def _health_command(text: str) -> str:
@@ -671,6 +695,8 @@ def _options(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Launc
         cycle_log=args.ft_cycle_log,
         metrics_port=args.ft_metrics_port,
         metrics_addr=args.ft_metrics_addr,
+        metrics_textfile=args.ft_metrics_textfile,
+        metrics_pushgateway=args.ft_metrics_pushgateway,
         cluster=cluster,
         local_ckpt=_local_ckpt.options(args, parser),
         journal=args.ft_journal
