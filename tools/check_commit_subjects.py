@@ -20,6 +20,8 @@ MAX_SUBJECT = 72
 EXEMPT = frozenset(
     {
         "97e3aefd8f942ecfcd213bbdd7cbfd1d75ba60fa",  # 73: "launcher: every documented env ..."
+        "5cd8cc44e27549cd6533c3b7a6a810281e7e2d5a",  # 73: "ptl: NeMo-shaped Hierarchical..."
+        "7d20031dd9e4499353dea0ace3ae95f64ba55ecc",  # 73: "ptl tests: the DDP restart test..."
     }
 )
 

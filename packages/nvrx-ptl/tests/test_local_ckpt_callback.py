@@ -524,3 +524,48 @@ def test_ddp_job_restarted_by_ft_launcher_resumes_from_a_local_snapshot(
         assert got["opt_state"] == unfaulted["opt_state"], f"rank {rank}"
     # the launcher removed the job's snapshots when it ended successfully
     assert not [p for p in base.rglob("*") if p.is_file()], list(base.rglob("*"))
+
+
+def test_codec_round_trip_of_what_a_lightning_checkpoint_holds(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    import collections
+    import enum
+
+    import numpy as np
+
+    from nvrx.ptl._local_ckpt_codec import decode, encode
+
+    class Stage(str, enum.Enum):
+        TRAIN = "train"
+
+    checkpoint = {
+        "state_dict": collections.OrderedDict(w=torch.nn.Parameter(torch.ones(2))),
+        "optimizer_states": [
+            {
+                "state": {0: {"step": torch.tensor(3.0)}},
+                "param_groups": [{"betas": (0.9, 0.99), "params": [0]}],
+            }
+        ],
+        "callbacks": {"ModelCheckpoint{'monitor': None}": {"kth_value": float("inf")}},
+        "paths": pathlib.Path("/x"),
+        "dtype": torch.float16,
+        "stage": Stage.TRAIN,
+        "np": [np.float32(1.5), np.arange(3)],
+        "__nvrx__": "a key that looks like our tag",
+        "hyper_parameters": {"cfg": object()},
+    }
+    with caplog.at_level("WARNING"):
+        out = decode(encode(checkpoint))
+    assert torch.equal(out["state_dict"]["w"], torch.ones(2))
+    assert out["optimizer_states"][0]["state"][0]["step"].item() == 3.0
+    assert out["optimizer_states"][0]["param_groups"][0]["betas"] == (0.9, 0.99)
+    assert out["callbacks"]["ModelCheckpoint{'monitor': None}"]["kth_value"] == float("inf")
+    assert out["paths"] == pathlib.Path("/x")
+    assert out["dtype"] is torch.float16
+    assert out["stage"] == "train"
+    assert out["np"][0] == 1.5
+    assert list(out["np"][1]) == [0, 1, 2]
+    assert out["__nvrx__"] == "a key that looks like our tag"
+    assert out["hyper_parameters"] == {"cfg": None}
+    assert "cfg" in caplog.text  # named in the warning

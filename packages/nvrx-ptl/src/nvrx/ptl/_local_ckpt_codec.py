@@ -94,16 +94,18 @@ def _enc(obj: Any, path: str, dropped: list[str]) -> Any:
 
 
 def _numpy_value(obj: Any) -> Any:
-    """A numpy scalar as its Python value, an array as a tagged tensor; else None."""
-    module = type(obj).__module__
-    if not module.startswith("numpy"):
-        return None
-    import numpy as np
+    """A numpy scalar as its Python value, an array as a tagged tensor; else None.
 
-    if isinstance(obj, np.generic):
+    Recognised by type (numpy is not imported here: it is no dependency of ours).
+    """
+    kind = type(obj)
+    if not kind.__module__.startswith("numpy"):
+        return None
+    dtype = getattr(getattr(obj, "dtype", None), "kind", "")
+    if kind.__name__ == "ndarray" and dtype in ("b", "i", "u", "f"):
+        return {_TAG: "ndarray", "v": torch.from_numpy(obj.copy())}
+    if getattr(obj, "ndim", None) == 0 and callable(getattr(obj, "item", None)):
         return _enc(obj.item(), "", [])
-    if isinstance(obj, np.ndarray) and obj.dtype.kind in "biuf":
-        return {_TAG: "ndarray", "v": torch.from_numpy(np.ascontiguousarray(obj).copy())}
     return None
 
 
