@@ -507,9 +507,17 @@ def test_ddp_job_restarted_by_ft_launcher_resumes_from_a_local_snapshot(
         "nvrx.launcher",
         f"--local-ckpt-dir={base}",
         "--local-ckpt-every-n-steps=1",
+        f"--ft-journal={tmp_path / 'journal.jsonl'}",
     ]
     rc, out = run_ranks(procs, cfg, launcher, {})
     assert rc == 0, out
+    # The manager's restore record reached the launcher's journal: cycle 1 from own memory.
+    journal = [json.loads(line) for line in (tmp_path / "journal.jsonl").read_text().splitlines()]
+    restored = [r for r in journal if r["event"] == "checkpoint_restored"]
+    assert [(r["cycle"], r["source"]) for r in restored if r["cycle"] == 1] == [(1, "own")], (
+        restored
+    )
+    assert restored[-1]["iteration"] in (6, 7), restored
     starts = {r["rank"]: r for r in records(out, "START")}
     results = {r["rank"]: r for r in records(out, "RESULT")}
     assert sorted(results) == [0, 1], out

@@ -206,8 +206,23 @@ class HierarchicalCheckpointIO(_WrappingCheckpointIO):
     def _load_global(self, path: Any, map_location: Any, **kwargs: Any) -> dict[str, Any]:
         cached, self._global_loaded = self._global_loaded, None
         if cached is not None and cached[0] == path:
-            return cached[1]
-        return self._wrapped().load_checkpoint(path, map_location=map_location, **kwargs)
+            checkpoint = cached[1]
+        else:
+            checkpoint = self._wrapped().load_checkpoint(path, map_location=map_location, **kwargs)
+        self._record_global(checkpoint)
+        return checkpoint
+
+    def _record_global(self, checkpoint: Mapping[str, Any]) -> None:
+        """Tell ft_launcher (through the manager's restore record) that this rank resumed
+        from the global checkpoint; telemetry, so it never fails the load."""
+        record = getattr(self.local_ckpt_manager, "record_global_restore", None)
+        if not callable(record):
+            return
+        try:
+            step = checkpoint.get("global_step")
+            record(int(step) if isinstance(step, int) else None)
+        except Exception as exc:
+            _logger.debug("no restore record for the global checkpoint: %s", exc)
 
     def _global_iteration(self, path: Any, map_location: Any, **kwargs: Any) -> int:
         if self.get_global_ckpt_iteration_fn is not None:

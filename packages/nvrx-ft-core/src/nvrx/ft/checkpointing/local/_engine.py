@@ -355,7 +355,7 @@ class Engine:
         if state is None:
             return self._fallback(plan, global_iteration, t0)
         out = Restored(source, plan.iteration, state, time.monotonic() - t0, wall)
-        self._record(out)
+        self.record(out)
         return out
 
     def agree(self, global_iteration: int | None) -> tuple[_agreement.Plan | None, list[_Valid]]:
@@ -420,14 +420,21 @@ class Engine:
         g = plan.global_iteration if plan is not None else global_iteration
         source = RestoreSource.GLOBAL if g is not None else RestoreSource.NONE
         out = Restored(source, g, None, time.monotonic() - t0)
-        self._record(out)
+        self.record(out)
         return out
 
-    def _record(self, out: Restored) -> None:
+    def record(self, out: Restored) -> None:
+        """Write this rank's restore record where the launcher reads it; never raises.
+
+        Under ft_launcher that is the launcher's node directory (its environment), even
+        when a caller gave the manager another root; otherwise this engine's directory.
+        """
         try:
+            launcher = LocalCkptSettings.from_env()
+            node_dir = launcher.node_dir if launcher is not None else self.settings.node_dir
             count = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
             write_restore_record(
-                self.settings.node_dir,
+                node_dir,
                 RestoreRecord(
                     restart_count=count,
                     rank=self.rank,

@@ -20,6 +20,7 @@ from __future__ import annotations
 import abc
 import logging
 import pathlib
+import time
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
@@ -27,8 +28,8 @@ import torch.distributed as dist
 
 from nvrx.ft.checkpointing.async_ckpt.core import AsyncRequest
 from nvrx.ft.checkpointing.local import _agreement
-from nvrx.ft.checkpointing.local._contract import LocalCkptSettings
-from nvrx.ft.checkpointing.local._engine import Engine, _Valid
+from nvrx.ft.checkpointing.local._contract import LocalCkptSettings, RestoreSource
+from nvrx.ft.checkpointing.local._engine import Engine, Restored, _Valid
 from nvrx.ft.checkpointing.local.base_state_dict import TensorAwareStateDict
 from nvrx.ft.checkpointing.local.basic_state_dict import BasicTensorAwareStateDict
 
@@ -69,6 +70,7 @@ class BaseCheckpointManager(abc.ABC):
         self._plan: _agreement.Plan | None = None
         self._valid: list[_Valid] = []
         self._rank: int | None = None
+        self._agree_s = 0.0
 
     @property
     def rank(self) -> int:
@@ -103,7 +105,9 @@ class BaseCheckpointManager(abc.ABC):
         """
         if self.latest_iteration != -1:
             return self.latest_iteration
+        t0 = time.monotonic()
         plan, valid = self.engine.agree(None)
+        self._agree_s = time.monotonic() - t0
         self._plan, self._valid = plan, valid
         if plan is None or plan.iteration is None:
             self.latest_iteration = -1
@@ -116,12 +120,22 @@ class BaseCheckpointManager(abc.ABC):
         plan = self._plan
         if self.latest_iteration == -1 or plan is None or plan.iteration is None:
             raise CheckpointingException("no local checkpoint to load (call find_latest first)")
-        state, _source, _wall = self.engine.load_agreed(plan, self._valid, None)
+        t0 = time.monotonic()
+        state, source, wall = self.engine.load_agreed(plan, self._valid, None)
         if state is None:
             raise CheckpointingException(
                 f"loading local checkpoint iteration {plan.iteration} failed on some rank"
             )
+        seconds = self._agree_s + time.monotonic() - t0
+        self.engine.record(Restored(source, plan.iteration, None, seconds, wall))
         return BasicTensorAwareStateDict(state), CkptID(plan.iteration, self.rank, self.session_id)
+
+    def record_global_restore(self, iteration: int | None) -> None:
+        """Record that this rank resumed from the global checkpoint of ``iteration``
+        (nvrx addition: a caller that chose the global checkpoint over a local one tells
+        ft_launcher, whose journal and goodput account say where the state came from)."""
+        source = RestoreSource.NONE if iteration is None else RestoreSource.GLOBAL
+        self.engine.record(Restored(source, iteration, None, 0.0))
 
     def save(
         self, state_dict: TensorAwareStateDict, iteration: int, is_async: bool = False
