@@ -18,20 +18,8 @@ pytestmark = pytest.mark.timeout(60)
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 MARKER = "# wall clock: label"
-#: Label reads in files whose marker another change adds (relative path, the line's code).
-UNMARKED_LABELS: frozenset[tuple[str, str]] = frozenset(
-    {
-        # The straggler report window's bounds, written into the report.
-        (
-            "packages/nvrx-ptl/src/nvrx/ptl/straggler_detection_callback.py",
-            "self._window_start = time.time()",
-        ),
-        ("packages/nvrx-ptl/src/nvrx/ptl/straggler_detection_callback.py", "now = time.time()"),
-        # A local snapshot's time in its manifest, and the restore record's.
-        ("packages/nvrx-ft-core/src/nvrx/ft/checkpointing/local/_engine.py", "wall = time.time()"),
-        ("packages/nvrx-ft-core/src/nvrx/ft/checkpointing/local/_engine.py", "wall=time.time(),"),
-    }
-)
+#: Label reads left unmarked (relative path, the line's code); none today.
+UNMARKED_LABELS: frozenset[tuple[str, str]] = frozenset()
 _WALL_FUNCS = {
     ("time", "time"),
     ("time", "time_ns"),

@@ -318,7 +318,7 @@ class StragglerDetectionCallback(Callback):
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """Log the restart cycle's metrics (once per fit)."""
-        self._window_start = time.time()
+        self._window_start = time.time()  # wall clock: label
         report_cycle_metrics(self, trainer, pl_module, self._log0)
 
     def on_train_batch_start(
@@ -471,7 +471,7 @@ class StragglerDetectionCallback(Callback):
         the straggler wait. A background thread writes it (this returns at once); a
         failure is one WARNING from ``nvrx.ft.straggler_scores``; training carries on.
         """
-        now = time.time()
+        now = time.time()  # wall clock: label (the report window)
         start, self._window_start = self._window_start, now
         publish_straggler_report(
             report,

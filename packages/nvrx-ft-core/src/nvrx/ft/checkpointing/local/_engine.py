@@ -189,7 +189,7 @@ class Engine:
             return False
         tree, tensors, _paths = _tree.flatten(state)
         offsets, data_end = _format.layout(tensors)
-        wall = time.time()
+        wall = time.time()  # wall clock: label
         entries = [
             _format.TensorEntry(
                 _format.dtype_name(t.dtype),
@@ -443,7 +443,7 @@ class Engine:
                     iteration=out.iteration,
                     snapshot_wall=out.snapshot_wall,
                     restore_s=out.seconds,
-                    wall=time.time(),
+                    wall=time.time(),  # wall clock: label
                 ),
             )
         except Exception as exc:
