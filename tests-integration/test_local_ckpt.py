@@ -13,7 +13,8 @@ reference (deterministic CPU ops, data drawn from the step and the rank):
 - a whole node lost (its launcher and ranks SIGKILLed, its directory deleted) and a new
   launcher started in its place: the new node's ranks fetch their snapshots from the
   peer's replicas, the journal says ``peer`` there and ``own`` on the survivor, and the
-  losses again follow the reference.
+  losses again follow the reference; the same with a standby node
+  (``--ft-standby-nodes``) taking the lost node's place.
 
 Nothing is left behind: the ``launch`` fixture fails the test otherwise, and a job that
 succeeds leaves nothing in the base directories.
@@ -36,6 +37,7 @@ from itest_harness import (
     LauncherRun,
     free_port,
     journal_events,
+    wait_for,
     wait_for_store,
 )
 
@@ -52,7 +54,7 @@ def bases(tmp_path: pathlib.Path) -> Iterator[list[pathlib.Path]]:
     root = pathlib.Path("/dev/shm") if os.access("/dev/shm", os.W_OK) else tmp_path
     made = [
         pathlib.Path(os.path.join(root, f"nvrx-itest-{os.getpid()}-{tmp_path.name}-{i}"))
-        for i in range(2)
+        for i in range(3)
     ]
     for path in made:
         path.mkdir(mode=0o700)
@@ -152,7 +154,7 @@ def _reference_run(
         run.expect_exit(0, 240)
     losses = _losses(runs[0].journal())
     assert {a for a, _ in losses} == {0}, "the reference run restarted"
-    for path in bases:  # the job succeeded: nothing of it is left
+    for path in bases[:2]:  # the job succeeded: nothing of it is left
         assert list(path.rglob("*")) == [path / f"nvrx-ckpt-{os.getuid()}"]
     for run in runs:
         journal = tmp_path / f"ref{runs.index(run)}.jsonl"
@@ -248,3 +250,59 @@ def test_a_lost_node_is_replaced_and_restores_from_its_peer(
     assert _restored(tmp_path / "node0.jsonl")[final] == "own"
     assert _restored(tmp_path / "new1.jsonl") == {final: "peer"}
     assert not lost.exists()
+
+
+def test_a_standby_takes_a_lost_nodes_place_and_restores_from_its_peer(
+    launch: Launch,
+    tmp_path: pathlib.Path,
+    out_dir: pathlib.Path,
+    bases: list[pathlib.Path],
+    monkeypatch: pytest.MonkeyPatch,
+    reference: dict[int, dict[int, float]],
+) -> None:
+    if not reference:
+        reference.update(_reference_run(launch, tmp_path, out_dir, bases, monkeypatch))
+    port = free_port()
+    standby = [
+        "--nnodes=2:3",
+        "--ft-standby-nodes",
+        "--rdzv-conf=last_call_timeout=1,join_timeout=120,keep_alive_interval=1,"
+        "keep_alive_max_attempt=3",
+    ]
+    args = [f"--steps={STEPS}", "--step-time=0.2"]
+    runs = _nodes(
+        launch, tmp_path, bases, monkeypatch, "sb", args, port=port, which=(0, 1, 2), name="sb",
+        extra=standby,
+    )  # fmt: skip
+    journals = [tmp_path / f"sb{i}.jsonl" for i in range(3)]
+
+    def active() -> list[int]:
+        return [i for i in range(3) if journal_events(journals[i], "workers_started")]
+
+    wait_for(lambda: len(active()) == 2, 240, "two nodes started ranks")
+    assert 0 in active(), "the store's host (started first) should be an active node"
+    (victim,) = [i for i in active() if i != 0]
+    (spare,) = [i for i in range(3) if i not in active()]
+    lost_ranks = set(journal_events(journals[victim], "workers_started")[0]["ranks"].values())
+    first = min(lost_ranks)
+    runs[0].wait_until(lambda: runs[0].steps_done(rank=first) >= 6, 240, "6 steps trained")
+    lost = _node_dir(runs[victim])
+    os.killpg(runs[victim].pid, signal.SIGKILL)
+    assert runs[victim].wait(30) == -signal.SIGKILL
+    shutil.rmtree(lost)
+    runs[0].expect_exit(0, 300)
+    runs[spare].expect_exit(0, 120)
+    (started,) = journal_events(journals[spare], "workers_started")
+    final = started["cycle"]
+    assert set(started["ranks"].values()) == lost_ranks, "the standby took the lost node's ranks"
+    journal = runs[0].journal()
+    resumed = {e["rank"]: e for e in journal if e["event"] == "restored" and e["attempt"] == final}
+    expected = {r: "peer" if r in lost_ranks else "own" for r in range(4)}
+    assert {r: e["source"] for r, e in resumed.items()} == expected, resumed
+    (step,) = {e["step"] for e in resumed.values()}
+    assert step >= 5, f"resumed after step {step}: the snapshots were lost"
+    losses = _losses(journal)
+    for rank in range(4):
+        assert losses[(final, rank)] == {s: reference[rank][s] for s in range(step + 1, STEPS + 1)}
+    assert _restored(journals[0])[final] == "own"
+    assert _restored(journals[spare]) == {final: "peer"}
