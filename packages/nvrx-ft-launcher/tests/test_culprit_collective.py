@@ -227,7 +227,11 @@ def _entry(rid: int, name: str, seq: int, retired: bool, **extra: object) -> dic
         ),
         (
             [_entry(0, "gloo:send", 0, False, is_p2p=True, p2p_seq_id=7, process_group=["3", ""])],
-            CollectiveState("send", "3", 7, True),
+            CollectiveState("send", "group 3", 7, True),
+        ),
+        (
+            [_entry(0, "gloo:broadcast", 1, False, process_group=["1", "undefined"])],
+            CollectiveState("broadcast", "group 1", 1, True),
         ),
     ],
 )

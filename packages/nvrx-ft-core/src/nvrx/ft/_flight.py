@@ -94,7 +94,9 @@ def _entry_state(entry: dict[str, Any]) -> CollectiveState | None:
     label = "?"
     if isinstance(group, list) and group:
         desc = group[1] if len(group) > 1 and isinstance(group[1], str) else ""
-        label = (desc or str(group[0]))[:_MAX_TEXT] or "?"
+        if not desc or desc == "undefined":  # a new_group() without group_desc
+            desc = f"group {group[0]}"
+        label = desc[:_MAX_TEXT]
     seq_key = "p2p_seq_id" if entry.get("is_p2p") else "collective_seq_id"
     seq = entry.get(seq_key)
     if isinstance(seq, bool) or not isinstance(seq, int) or not 0 <= seq < 2**63:

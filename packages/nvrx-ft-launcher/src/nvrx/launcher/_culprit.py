@@ -248,15 +248,13 @@ def _waited_by(evidence: Sequence[RankEvidence], culprit: int | None) -> dict[st
 
 def _doing(ev: RankEvidence) -> str | None:
     """Where the culprit was: 'in broadcast #5 on default_pg at train.py:40 (main)'."""
-    parts = []
+    parts = ["stopped by a signal"] if ev.proc_state == "T" else []
     if ev.collective is not None and ev.collective.pending:
         parts.append(f"in {ev.collective.describe()}")
     elif ev.stack is not None and ev.stack.collective is not None:
         parts.append(f"in {ev.stack.collective}")
     if ev.stack is not None:
         parts.append(f"at {ev.stack.location} ({ev.stack.function})")
-    elif ev.proc_state == "T":
-        parts.append("stopped by a signal")
     return " ".join(parts) or None
 
 
