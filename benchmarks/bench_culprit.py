@@ -28,8 +28,9 @@ reported as ``culprit_wrong`` and ``collective_wrong`` (targets 0), ``culprit_ri
 and ``culprit_undecided`` (counts), ``culprit_decided`` (the slowest run's decided_s,
 target 5 s) and the time a run took.
 
-Measured on the shared 2-core dev box, ``--runs 8 --seed 18``: see the CHANGELOG entry
-and the report in the commit that added the kinds.
+Measured on the shared 2-core dev box (load about 10), ``--runs 8 --seed 18`` (two runs
+of each kind): right 8, undecided 0, wrong 0, collective wrong 0; decided 0.01-0.10 s
+after the first hang event; 16.7-26.1 s per run.
 """
 
 from __future__ import annotations
