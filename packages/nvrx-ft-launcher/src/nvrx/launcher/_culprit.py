@@ -208,10 +208,9 @@ def _by_collective(evidence: Sequence[RankEvidence]) -> int | None:
     if waited is None:
         return None
     others = [ev for ev in evidence if ev.collective != waited]
-    if len(others) != 1 or len(evidence) - 1 < 1:
+    odd = others[0].collective if len(others) == 1 else None
+    if odd is None:
         return None
-    odd = others[0].collective
-    assert odd is not None
     if odd.pending:
         # A desync: it waits in another collective. Only a majority of at least two
         # says which side is wrong.
