@@ -159,7 +159,8 @@ def test_collective_rules(
             waited = (
                 collective["op"] if collective["seq"] is None else "all_reduce #5 on default_pg"
             )
-            assert f"wait in {waited}" in found.sentence
+            verb = "wait" if len(found.victims) > 1 else "waits"
+            assert f"{verb} in {waited}" in found.sentence
     elif collective is not None:
         assert "waited collective: all_reduce" in found.sentence
 

@@ -272,7 +272,8 @@ def _explain(finding: CulpritFinding, evidence: Sequence[RankEvidence]) -> Culpr
         frame = _doing(next(ev for ev in evidence if ev.rank == finding.culprit))
         if waited is not None:
             sentence += (
-                f"; {_ranks(finding.victims)} wait in {_describe_waited(waited)}"
+                f"; {_ranks(finding.victims)} {'wait' if len(finding.victims) > 1 else 'waits'}"
+                f" in {_describe_waited(waited)}"
                 + (f" while rank {finding.culprit} is {frame}" if frame else "")
                 if finding.victims
                 else ""
