@@ -1,19 +1,36 @@
-"""How often the hung rank is named: N real 4-rank gloo hangs, a random hung rank each.
+"""How often the hung rank and the collective its peers wait in are named, on real hangs.
 
 Each run is tests-integration-style real processes (packages/nvrx-ft-launcher/tests/
-test_culprit_real.run_hang): 4 ranks under their own nvrx.ft monitors, one rank hangs
-in user code (time.sleep in a loop) while the others block in all_reduce; the monitors'
-rank_terminated events go to find_culprit. Reports right / undecided / wrong counts
-(the target: wrong == 0) and the time each run took.
+test_culprit_real.run_hang): 4 gloo ranks under their own nvrx.ft monitors, one rank
+(random) hangs at step 15 while the others block in their 16th all_reduce. Four kinds
+of hang, taken in turn:
 
-    .venv-dev/bin/python benchmarks/bench_culprit.py [--runs 20] [--seed S] [--json]
+- ``sleep``: the rank is stuck in Python (time.sleep in a loop) before its all_reduce;
+- ``stop``: the rank is stopped (SIGSTOP);
+- ``desync``: the rank broadcasts on another process group while the others all-reduce;
+- ``read``: the rank blocks in a read of a pipe nobody writes (a long blocking read).
+  A read in uninterruptible sleep (state ``D``, e.g. a dead NFS server) cannot be made
+  without root here; in the kernel it looks like ``read`` to the monitor, except that
+  SIGCONT and the dump signal wait for the read to end.
 
-In ``nox -s bench`` (``run``): 20 runs with seed 18 (4 with ``--quick``), reported as
-``culprit_wrong`` (target 0), ``culprit_right`` and ``culprit_undecided`` (counts) and
-the time a run took.
+The monitors' rank_terminated events (with each rank's stack summary, /proc state and
+flight-recorder position) go to find_culprit. A run is right when the culprit is the
+hung rank and the finding's collective is ``all_reduce #16 on default_pg``; a victim
+named as culprit or another collective is wrong. ``decided_s`` is the time from the
+first monitor's hang event to the last rank's (find_culprit itself takes microseconds):
+the launcher decides then.
 
-Measured on the shared 2-core dev box, ``--runs 20 --seed 18`` (hung ranks 0/1/2/3:
-2/8/5/5 times): right 20, undecided 0, wrong 0; 9.6-15.2 s per run.
+    .venv-dev/bin/python benchmarks/bench_culprit.py [--runs 8] [--seed S] [--json]
+        [--kinds sleep,stop,desync,read]
+
+In ``nox -s bench`` (``run``): 8 runs (2 of each kind) with seed 18 (4 with ``--quick``),
+reported as ``culprit_wrong`` and ``collective_wrong`` (targets 0), ``culprit_right``
+and ``culprit_undecided`` (counts), ``culprit_decided`` (the slowest run's decided_s,
+target 5 s) and the time a run took.
+
+Measured on the shared 2-core dev box (load about 10), ``--runs 8 --seed 18`` (two runs
+of each kind): right 8, undecided 0, wrong 0, collective wrong 0; decided 0.01-0.10 s
+after the first hang event; 16.7-26.1 s per run.
 """
 
 from __future__ import annotations
@@ -36,41 +53,70 @@ sys.path.append(
 )
 
 from _common import Metric
-from test_culprit_real import WORLD, run_hang  # type: ignore[import-not-found, unused-ignore]
+from test_culprit_real import (  # type: ignore[import-not-found, unused-ignore]
+    HUNG_AT_STEP,
+    WORLD,
+    run_hang,
+)
 
 AREA = "culprit"
+KINDS = ("sleep", "stop", "desync", "read")
+#: What every run's finding must name: the all_reduce of the step after the hang.
+WAITED = {"op": "all_reduce", "group": "default_pg", "seq": HUNG_AT_STEP + 1}
+DECIDED_TARGET_S = 5.0
 
 
 def run(quick: bool) -> list[Metric]:
     """The bench suite's entry: the runs below with a fixed seed, as metrics."""
-    runs = 4 if quick else 20
-    counts, rows = hang_runs(runs, 18)
+    runs = 4 if quick else 8
+    counts, rows = hang_runs(runs, 18, KINDS)
     seconds = [float(row["s"]) for row in rows]
+    decided = max(float(row["decided_s"]) for row in rows)
     return [
         Metric(AREA, "culprit_wrong", counts["wrong"], "runs", runs, target=0),
+        Metric(AREA, "collective_wrong", counts["collective_wrong"], "runs", runs, target=0),
         Metric(AREA, "culprit_right", counts["right"], "runs", runs),
         Metric(AREA, "culprit_undecided", counts["undecided"], "runs", runs),
+        Metric(AREA, "culprit_decided", decided, "s", runs, target=DECIDED_TARGET_S),
         Metric(AREA, "culprit_run", statistics.median(seconds), "s", runs, detail={"runs": rows}),
     ]
 
 
-def hang_runs(runs: int, seed: int | None) -> tuple[collections.Counter[str], list[dict[str, Any]]]:
-    """``runs`` real hangs of a random rank: the outcome counts and one row per run."""
+def hang_runs(
+    runs: int, seed: int | None, kinds: tuple[str, ...] = KINDS
+) -> tuple[collections.Counter[str], list[dict[str, Any]]]:
+    """``runs`` real hangs of a random rank, kinds in turn: outcome counts and rows."""
     rng = random.Random(seed)
     counts: collections.Counter[str] = collections.Counter()
     rows: list[dict[str, Any]] = []
     for i in range(runs):
+        kind = kinds[i % len(kinds)]
         hung = rng.randrange(WORLD)
         start = time.monotonic()
         with tempfile.TemporaryDirectory(prefix="bench-culprit-") as tmp:
-            hang = run_hang(hung, pathlib.Path(tmp))
+            hang = run_hang(hung, pathlib.Path(tmp), kind)
         took = time.monotonic() - start
         f = hang.finding
         outcome = "undecided" if f.culprit is None else ("right" if f.culprit == hung else "wrong")
         counts[outcome] += 1
-        rows.append({"hung": hung, "outcome": outcome, "s": round(took, 1), "sentence": f.sentence})
+        collective_ok = f.collective == WAITED
+        if not collective_ok:
+            counts["collective_wrong"] += 1
+        rows.append(
+            {
+                "kind": kind,
+                "hung": hung,
+                "outcome": outcome,
+                "collective_ok": collective_ok,
+                "decided_s": round(hang.decided_s, 2),
+                "s": round(took, 1),
+                "sentence": f.sentence,
+            }
+        )
         print(
-            f"run {i + 1:2d}: hung rank {hung}: {outcome:9s} ({took:.1f} s) {f.sentence}",
+            f"run {i + 1:2d}: {kind:6s} rank {hung}: {outcome:9s} collective "
+            f"{'ok' if collective_ok else 'WRONG'}, decided in {hang.decided_s:.2f} s "
+            f"({took:.1f} s) {f.sentence}",
             flush=True,
         )
     return counts, rows
@@ -78,14 +124,21 @@ def hang_runs(runs: int, seed: int | None) -> tuple[collections.Counter[str], li
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument("--runs", type=int, default=8)
     parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--kinds", default=",".join(KINDS), help="comma-separated hang kinds")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
     args = parser.parse_args()
-    counts, _ = hang_runs(args.runs, args.seed)
-    summary = {k: counts[k] for k in ("right", "undecided", "wrong")} | {"runs": args.runs}
+    kinds = tuple(k for k in args.kinds.split(",") if k)
+    unknown = sorted(set(kinds) - set(KINDS))
+    if unknown or not kinds:
+        parser.error(f"--kinds {args.kinds!r}: expected some of {', '.join(KINDS)}")
+    counts, rows = hang_runs(args.runs, args.seed, kinds)
+    keys = ("right", "undecided", "wrong", "collective_wrong")
+    summary: dict[str, Any] = {k: counts[k] for k in keys} | {"runs": args.runs}
+    summary["decided_s_max"] = max(float(r["decided_s"]) for r in rows) if rows else None
     print(json.dumps(summary) if args.json else f"summary: {summary}")
-    return 1 if counts["wrong"] else 0
+    return 1 if counts["wrong"] or counts["collective_wrong"] else 0
 
 
 if __name__ == "__main__":

@@ -1292,6 +1292,16 @@ def _termination() -> object:
     )
 
 
+def _flight_recorder() -> object:
+    from nvrx.launcher._flight_env import enable_flight_recorder
+
+    unset: dict[str, str] = {}
+    user = {"TORCH_NCCL_TRACE_BUFFER_SIZE": "0"}
+    enable_flight_recorder(unset)
+    enable_flight_recorder(user)
+    return (unset, user)
+
+
 def _floor() -> object:
     from nvrx.ft import FaultToleranceConfig
     from nvrx.ft._learning import automatic_floor, cap_and_floor
@@ -1569,6 +1579,15 @@ BEHAVIOURS: tuple[Behaviour, ...] = (
         "a stack trace and flushed logs for every hang; a rank that ignores the signal still ends",
         _termination,
         ("SIGUSR2", "SIGTERM", 5.0),
+    ),
+    Behaviour(
+        "torch's flight recorder in the ranks",
+        "left as torch sets it; a hang's report names no collective",
+        "TORCH_FR_BUFFER_SIZE=2000 unless it or TORCH_NCCL_TRACE_BUFFER_SIZE is set; each "
+        "rank serves it on a Unix socket that its monitor reads on a hang",
+        "the hang line names the collective the others wait in (operation, group, sequence)",
+        _flight_recorder,
+        ({"TORCH_FR_BUFFER_SIZE": "2000"}, {"TORCH_NCCL_TRACE_BUFFER_SIZE": "0"}),
     ),
     Behaviour(
         "floor on calculated timeouts",

@@ -34,9 +34,12 @@ def test_one_rank_outside_while_the_others_wait_in_all_reduce() -> None:
     assert (found.culprit, found.victims, found.basis) == (1, (0, 2, 3), (Basis.STACK,))
     assert found.sentence == (
         "rank 1: last heartbeat 8.0 s ago, stack in train.py:53; "
-        "ranks 0, 2, 3: blocked in all_reduce"
+        "ranks 0, 2, 3: blocked in all_reduce; "
+        "ranks 0, 2, 3 wait in all_reduce while rank 1 is at train.py:53 (step)"
     )
     assert found.to_json()["culprit"] == 1
+    assert found.collective == {"op": "all_reduce", "group": None, "seq": None}
+    assert found.culprit_frame == "at train.py:53 (step)"
 
 
 def test_stack_and_timing_agree() -> None:

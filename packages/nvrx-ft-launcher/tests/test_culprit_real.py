@@ -36,21 +36,28 @@ HUNG_AT_STEP = 15
 HEARTBEAT_TIMEOUT_S = 4.0
 _DEADLINE_S = 90.0
 _TRAIN = """\
-import os, sys, time
+import os, signal, sys, time
 import torch
 import torch.distributed as dist
 from nvrx.ft import RankMonitorClient
 
-hung = int(sys.argv[1])
+hung, kind = int(sys.argv[1]), sys.argv[2] if len(sys.argv) > 2 else "sleep"
 rank = int(os.environ["RANK"])
 client = RankMonitorClient()
 client.init_workload_monitoring()
 dist.init_process_group("gloo")
+side = dist.new_group(list(range(dist.get_world_size())))
 print("ready", flush=True)
 for step in range(1_000_000):
     client.send_heartbeat()
     if rank == hung and step == {hung_at}:
-        print("hanging", flush=True)
+        print("hanging", kind, flush=True)
+        if kind == "stop":
+            os.kill(os.getpid(), signal.SIGSTOP)  # frozen, waiting on no one
+        elif kind == "desync":
+            dist.broadcast(torch.ones(4), src=hung, group=side)  # not the others' all_reduce
+        elif kind == "read":
+            os.read(os.pipe()[0], 1)  # a read that never returns (interruptible: state S)
         while True:
             time.sleep(0.5)  # the hang: user code, outside any collective
     dist.all_reduce(torch.ones(4))
@@ -67,6 +74,8 @@ class HangRun:
     hung_rank: int
     evidence: tuple[RankEvidence, ...]
     finding: CulpritFinding
+    #: Seconds from the first hang event to the last rank's (when the finding can be made).
+    decided_s: float = 0.0
 
 
 def _free_port() -> int:
@@ -85,8 +94,13 @@ def _config() -> FaultToleranceConfig:
     )
 
 
-def run_hang(hung_rank: int, workdir: pathlib.Path) -> HangRun:
-    """Start WORLD ranks under monitors, let ``hung_rank`` hang, collect every rank's evidence."""
+def run_hang(hung_rank: int, workdir: pathlib.Path, kind: str = "sleep") -> HangRun:
+    """Start WORLD ranks under monitors, let ``hung_rank`` hang, collect every rank's evidence.
+
+    ``kind``: ``sleep`` (user code, outside any collective), ``stop`` (SIGSTOP),
+    ``desync`` (a broadcast on another group while the others all-reduce) or ``read``
+    (a blocking read of a pipe nobody writes).
+    """
     script = workdir / "train.py"
     script.write_text(_TRAIN.replace("{hung_at}", str(HUNG_AT_STEP)))
     runtime = create_runtime_dir()
@@ -123,7 +137,7 @@ def run_hang(hung_rank: int, workdir: pathlib.Path) -> HangRun:
             with (workdir / f"rank-{rank}.log").open("wb") as log:
                 ranks.append(
                     subprocess.Popen(
-                        [sys.executable, str(script), str(hung_rank)],
+                        [sys.executable, str(script), str(hung_rank), kind],
                         env=env,
                         stdout=log,
                         stderr=subprocess.STDOUT,
@@ -131,6 +145,7 @@ def run_hang(hung_rank: int, workdir: pathlib.Path) -> HangRun:
                     )
                 )
         evidence: dict[int, RankEvidence] = {}
+        first = last = 0.0
         deadline = time.monotonic() + _DEADLINE_S
         events.settimeout(1.0)
         while time.monotonic() < deadline and len(evidence) < WORLD:
@@ -144,8 +159,11 @@ def run_hang(hung_rank: int, workdir: pathlib.Path) -> HangRun:
             found = RankEvidence.from_event(parse_monitor_event(data))
             if found is not None:
                 evidence.setdefault(found.rank, found)
+                last = time.monotonic()
+                first = first or last
         ordered = tuple(evidence[r] for r in sorted(evidence))
-        return HangRun(hung_rank, ordered, find_culprit(ordered, world_size=WORLD))
+        finding = find_culprit(ordered, world_size=WORLD)
+        return HangRun(hung_rank, ordered, finding, time.monotonic() - (first or time.monotonic()))
     finally:
         for r in ranks:
             if r.poll() is None:

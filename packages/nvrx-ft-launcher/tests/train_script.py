@@ -7,7 +7,8 @@ a JSON line to ``<out>/events.jsonl``. Rank 0 checkpoints the step after every s
 
 A fault is injected with ``--fault KIND:RANK:STEP[:CYCLE]``: on global rank RANK at
 step STEP, in restart cycle CYCLE (default 0; ``*`` means every cycle), do KIND:
-``sigkill``, ``raise``, ``exit`` (code 3), ``hang`` (SIGSTOP itself), ``sleep`` (hang in
+``sigkill``, ``raise``, ``exit`` (code 3), ``hang`` (SIGSTOP itself), ``desync``
+(broadcast on another group while the others all-reduce), ``sleep`` (hang in
 user code, outside any collective, where a stack dump still works), ``exclude`` or
 ``shutdown`` (workload control requests, then keep training), ``bad_error_file`` (write
 garbage to the error file torch names, then exit 1).
@@ -126,6 +127,8 @@ def main() -> int:
     client = RankMonitorClient()
     client.init_workload_monitoring()
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+    # A desync: the faulty rank broadcasts on this group while the others all-reduce.
+    side = dist.new_group() if args.fault and args.fault.startswith("desync:") else None
 
     ckpt = out / "checkpoint.json"
     start = 0
@@ -158,6 +161,9 @@ def main() -> int:
             _log(out, event="fault", kind=kind, rank=rank, cycle=cycle, step=step)
             while True:
                 time.sleep(0.5)
+        elif kind == "desync":
+            _log(out, event="fault", kind=kind, rank=rank, cycle=cycle, step=step)
+            dist.broadcast(value, src=rank, group=side)
         elif kind in ("exclude", "shutdown"):
             _log(out, event="fault", kind=kind, rank=rank, cycle=cycle, step=step)
             action = (

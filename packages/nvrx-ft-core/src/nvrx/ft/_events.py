@@ -15,6 +15,7 @@ import os
 import socket
 from typing import Any
 
+from nvrx.ft._flight import CollectiveState
 from nvrx.ft._stacks import StackSummary
 
 __all__ = [
@@ -101,6 +102,9 @@ class MonitorEvent:
     #: "T" stopped (SIGSTOP: not waiting on anyone), "D" in uninterruptible I/O, "S"
     #: sleeping (waiting, e.g. in a collective), "R" running. None: not read.
     proc_state: str | None = None
+    #: the rank's latest collective in torch's flight recorder, read before the monitor
+    #: signalled it (None: not read, e.g. a stopped rank or no flight-recorder server).
+    collective: CollectiveState | None = None
     # rank_first_step (additive within v1):
     #: wall time (seconds since the epoch) the rank finished its first iteration after init.
     step_wall: float | None = None
@@ -155,7 +159,7 @@ def _parse_monitor_event(data: bytes) -> MonitorEvent:
     allowed = {"v", "event", "local_rank", "rank", "pid"}
     if kind == "rank_terminated":
         allowed |= {"cause", "section", "message", *_NUMBERS, "open_sections", "stack"}
-        allowed.add("proc_state")
+        allowed |= {"proc_state", "collective"}
         state = body.get("proc_state")
         _require(state is None or state in PROC_STATES, f"proc_state={state!r} is not a state")
         _require(body.get("cause") in EVENT_CAUSES, f"unknown cause {body.get('cause')!r}")
@@ -209,6 +213,11 @@ def _parse_monitor_event(data: bytes) -> MonitorEvent:
     if fields.get("stack") is not None:
         try:
             fields["stack"] = StackSummary.from_json(fields["stack"])
+        except ValueError as exc:
+            raise ValueError(f"bad monitor event: {exc}") from None
+    if fields.get("collective") is not None:
+        try:
+            fields["collective"] = CollectiveState.from_json(fields["collective"])
         except ValueError as exc:
             raise ValueError(f"bad monitor event: {exc}") from None
     return MonitorEvent(**fields)

@@ -24,6 +24,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, TextIO
 
 from nvrx.ft._detection import STEP_SECTION
+from nvrx.ft._flight import start_trace_server, stop_trace_server
 from nvrx.ft._learning import (
     CHECKPOINT,
     EPOCH,
@@ -331,6 +332,9 @@ class RankMonitorClient:
                 self.logger.warning("no stack dump on termination: %s", exc)
         if cfg.install_exception_hook:
             self._install_exception_hook()
+        fr = start_trace_server()  # the monitor reads the flight recorder on a hang
+        if fr is not None and fr.startswith("!"):
+            self.logger.debug("no flight-recorder server: %s", fr[1:])
         self._base_hb, self._base_sec = self.hb_timeouts, self.section_timeouts
         self._warmup_steps = warmup
         self.is_initialized = True
@@ -377,6 +381,7 @@ class RankMonitorClient:
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
             sock.close()
+        stop_trace_server()
         if self._dump_signal is not None:
             faulthandler.unregister(self._dump_signal)
             self._dump_signal = None

@@ -36,6 +36,7 @@ from nvrx.ft._detection import (
     next_deadline_ns,
 )
 from nvrx.ft._events import EventSender, MonitorEvent
+from nvrx.ft._flight import TraceFetch
 from nvrx.ft._health import HealthChecks, HealthError
 from nvrx.ft._liveness import BeatWriter, beat_age, beat_path
 from nvrx.ft._logs import log_formatter
@@ -442,8 +443,10 @@ class RankMonitorServer:
         if offset is None:
             self._events.send(event)
         else:
-            # The event waits for the dump (at most STACK_DUMP_PAUSE_S) to carry its summary.
+            # The event waits for the dump (at most STACK_DUMP_PAUSE_S) to carry its summary
+            # and the rank's flight recorder, read meanwhile (before the rank is signalled).
             pid = watched.proc.pid
+            flight = TraceFetch(pid)
 
             def after_dump() -> None:
                 try:
@@ -451,7 +454,8 @@ class RankMonitorServer:
                 except Exception:  # the evidence is optional; the event is not
                     self.logger.exception("could not summarise rank %d's stack dump", pid)
                     stack = None
-                self._events.send(dataclasses.replace(event, stack=stack))
+                collective = flight.result(0.2)
+                self._events.send(dataclasses.replace(event, stack=stack, collective=collective))
 
         term = Terminator(
             watched.proc,

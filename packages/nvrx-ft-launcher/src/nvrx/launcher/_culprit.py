@@ -14,6 +14,13 @@ it. Three rules read that evidence:
   unless the world is that one rank;
 - stack: every rank has a stack, exactly one is outside a collective and the others
   are blocked inside one;
+- collective: every rank's flight recorder was read (torch.distributed's trace of its
+  collectives, see :mod:`nvrx.ft._flight`); the waiting ranks are all unfinished in the
+  same collective (operation, process group, sequence number) and exactly one rank is
+  not: it has not reached it (its latest collective is finished) or it waits in another
+  one (a desync);
+- desync: every rank's stack is inside a collective, and all but one are in the same
+  operation, at least two of them (the flight recorder is not read);
 - timing: one rank's last activity (heartbeat, section open or close; wall clock, so
   ranks of other nodes compare) is earlier than every other rank's by ``min_margin_s``.
 
@@ -21,16 +28,22 @@ Otherwise a rule names a rank only when the other rule does not contradict it (t
 different ranks, the stack rule's rank went stale last by the margin, or the timing
 rule's rank is in a collective while another is not). Everything else is "undecided":
 never a guess.
+
+Whatever decides, the finding names the collective the others wait in (from the flight
+recorder: operation, process group and sequence number; else the operation from their
+stacks) and where the culprit was instead.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import enum
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 from nvrx.ft import MonitorEvent, StackSummary
+from nvrx.ft._flight import CollectiveState
 
 __all__ = ["DEFAULT_MIN_MARGIN_S", "Basis", "CulpritFinding", "RankEvidence", "find_culprit"]
 
@@ -47,6 +60,7 @@ class Basis(enum.Enum):
     STACK = "stack"
     TIMING = "timing"
     STOPPED = "stopped"
+    COLLECTIVE = "collective"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,6 +75,8 @@ class RankEvidence:
     stack: StackSummary | None = None
     #: The rank's /proc state letter before its monitor signalled it (None: not read).
     proc_state: str | None = None
+    #: Its latest collective in torch's flight recorder (None: not read).
+    collective: CollectiveState | None = None
 
     @classmethod
     def from_event(cls, event: MonitorEvent) -> RankEvidence | None:
@@ -75,6 +91,7 @@ class RankEvidence:
             last_activity_s=event.last_activity_s,
             stack=event.stack,
             proc_state=event.proc_state,
+            collective=event.collective,
         )
 
     def describe(self) -> str:
@@ -99,6 +116,12 @@ class CulpritFinding:
     basis: tuple[Basis, ...]
     reason: str
     sentence: str
+    #: The collective the other ranks wait in: ``op`` and, from the flight recorder,
+    #: ``group`` and ``seq`` (None: unknown); None when no rank is known to wait in one.
+    collective: dict[str, Any] | None = None
+    #: Where the culprit was instead: its collective when it waits in another one, its
+    #: innermost user frame ('train.py:40 in main') or its state; None: not known.
+    culprit_frame: str | None = None
 
     @property
     def decided(self) -> bool:
@@ -113,6 +136,8 @@ class CulpritFinding:
             "basis": [b.value for b in self.basis],
             "reason": self.reason,
             "sentence": self.sentence,
+            "collective": self.collective,
+            "culprit_frame": self.culprit_frame,
         }
 
 
@@ -164,6 +189,100 @@ def _in_collective_while_another_is_not(evidence: Sequence[RankEvidence], rank: 
     )
 
 
+def _waited(evidence: Sequence[RankEvidence]) -> CollectiveState | None:
+    """The unfinished collective most ranks' flight recorders are in (ties: none)."""
+    counts = collections.Counter(
+        ev.collective for ev in evidence if ev.collective is not None and ev.collective.pending
+    )
+    top = counts.most_common(2)
+    if not top or (len(top) == 2 and top[0][1] == top[1][1]):
+        return None
+    return top[0][0]
+
+
+def _by_collective(evidence: Sequence[RankEvidence]) -> int | None:
+    """The one rank not in the collective the others wait in, by their flight recorders."""
+    if len(evidence) < 2 or any(ev.collective is None for ev in evidence):
+        return None
+    waited = _waited(evidence)
+    if waited is None:
+        return None
+    others = [ev for ev in evidence if ev.collective != waited]
+    odd = others[0].collective if len(others) == 1 else None
+    if odd is None:
+        return None
+    if odd.pending:
+        # A desync: it waits in another collective. Only a majority of at least two
+        # says which side is wrong.
+        return others[0].rank if len(evidence) - 1 >= 2 else None
+    if odd.group == waited.group and odd.seq >= waited.seq:
+        return None  # it finished the collective the others wait in: not behind them
+    return others[0].rank
+
+
+def _by_stack_desync(evidence: Sequence[RankEvidence]) -> int | None:
+    """All ranks in a collective by their stacks; one in another operation than the rest."""
+    names = {ev.rank: ev.stack.collective if ev.stack else None for ev in evidence}
+    if len(evidence) < 3 or any(n is None for n in names.values()):
+        return None
+    counts = collections.Counter(names.values())
+    (top, n), *_ = counts.most_common(1)
+    odd = [r for r, name in names.items() if name != top]
+    return odd[0] if len(odd) == 1 and n >= 2 else None
+
+
+def _waited_by(evidence: Sequence[RankEvidence], culprit: int | None) -> dict[str, Any] | None:
+    """The collective the ranks other than the culprit wait in (journal form)."""
+    others = [ev for ev in evidence if ev.rank != culprit]
+    state = _waited(others)
+    if state is not None:
+        return {"op": state.op, "group": state.group, "seq": state.seq}
+    ops = collections.Counter(ev.stack.collective for ev in others if ev.stack is not None)
+    ops.pop(None, None)
+    top = ops.most_common(2)
+    if not top or (len(top) == 2 and top[0][1] == top[1][1]):
+        return None
+    return {"op": top[0][0], "group": None, "seq": None}
+
+
+def _doing(ev: RankEvidence) -> str | None:
+    """Where the culprit was: 'in broadcast #5 on default_pg at train.py:40 (main)'."""
+    parts = ["stopped by a signal"] if ev.proc_state == "T" else []
+    if ev.collective is not None and ev.collective.pending:
+        parts.append(f"in {ev.collective.describe()}")
+    elif ev.stack is not None and ev.stack.collective is not None:
+        parts.append(f"in {ev.stack.collective}")
+    if ev.stack is not None:
+        parts.append(f"at {ev.stack.location} ({ev.stack.function})")
+    return " ".join(parts) or None
+
+
+def _describe_waited(waited: dict[str, Any]) -> str:
+    if waited["seq"] is None:
+        return str(waited["op"])
+    return f"{waited['op']} #{waited['seq']} on {waited['group']}"
+
+
+def _explain(finding: CulpritFinding, evidence: Sequence[RankEvidence]) -> CulpritFinding:
+    """Add the waited collective and the culprit's whereabouts to a finding."""
+    waited = _waited_by(evidence, finding.culprit)
+    frame = None
+    sentence = finding.sentence
+    if finding.culprit is not None:
+        frame = _doing(next(ev for ev in evidence if ev.rank == finding.culprit))
+        if waited is not None:
+            sentence += (
+                f"; {_ranks(finding.victims)} {'wait' if len(finding.victims) > 1 else 'waits'}"
+                f" in {_describe_waited(waited)}"
+                + (f" while rank {finding.culprit} is {frame}" if frame else "")
+                if finding.victims
+                else ""
+            )
+    elif waited is not None:
+        sentence += f"; waited collective: {_describe_waited(waited)}"
+    return dataclasses.replace(finding, sentence=sentence, collective=waited, culprit_frame=frame)
+
+
 def find_culprit(
     evidence: Iterable[RankEvidence],
     *,
@@ -175,6 +294,13 @@ def find_culprit(
     ``world_size`` (when known) makes a rank without evidence a reason to stay
     undecided: it may be the one that hung. The first evidence of a rank counts.
     """
+    items = sorted({ev.rank: ev for ev in reversed(list(evidence))}.values(), key=lambda e: e.rank)
+    return _explain(_find(items, world_size, min_margin_s), items)
+
+
+def _find(
+    evidence: Sequence[RankEvidence], world_size: int | None, min_margin_s: float
+) -> CulpritFinding:
     seen: dict[int, RankEvidence] = {}
     for ev in evidence:
         seen.setdefault(ev.rank, ev)
@@ -213,8 +339,41 @@ def find_culprit(
                 only.rank, (), (), "the only rank", f"rank {only.rank}: {only.describe()}"
             )
         return undecided("evidence from one rank only")
+    by_collective = _by_collective(items)
     by_stack = _by_stack(items)
     by_timing = _by_timing(items, min_margin_s)
+    if by_collective is not None:
+        if by_stack is not None and by_stack != by_collective:
+            return undecided(
+                f"the flight recorders point at rank {by_collective}, the stacks at rank {by_stack}"
+            )
+        basis = tuple(
+            b
+            for b, r in (
+                (Basis.COLLECTIVE, by_collective),
+                (Basis.STACK, by_stack),
+                (Basis.TIMING, by_timing),
+            )
+            if r == by_collective
+        )
+        victims = [ev for ev in items if ev.rank != by_collective]
+        odd = seen[by_collective].collective
+        how = (
+            "it waits in another collective than the others (a desync)"
+            if odd is not None and odd.pending
+            else "it has not reached the collective the others wait in"
+        )
+        return CulpritFinding(
+            by_collective,
+            tuple(ev.rank for ev in victims),
+            basis,
+            how + " (flight recorder)",
+            f"rank {by_collective}: {seen[by_collective].describe()}; {_grouped(victims)}",
+        )
+    desync = False
+    if by_stack is None:
+        by_stack = _by_stack_desync(items)
+        desync = by_stack is not None
     if by_stack is not None and by_timing is not None and by_stack != by_timing:
         return undecided(
             f"the stacks point at rank {by_stack}, the heartbeat times at rank {by_timing}"
@@ -237,6 +396,11 @@ def find_culprit(
     basis = tuple(
         b for b, r in ((Basis.STACK, by_stack), (Basis.TIMING, by_timing)) if r == culprit
     )
+    stack_reason = (
+        "its stack is in another collective than the others' (a desync)"
+        if desync
+        else "its stack is outside a collective while the others wait in one"
+    )
     main = seen[culprit]
     victims = [ev for ev in items if ev.rank != culprit]
     sentence = f"rank {culprit}: {main.describe()}; {_grouped(victims)}"
@@ -246,7 +410,7 @@ def find_culprit(
         basis,
         " and ".join(
             {
-                Basis.STACK: "its stack is outside a collective while the others wait in one",
+                Basis.STACK: stack_reason,
                 Basis.TIMING: f"it went stale first by at least {min_margin_s:.1f} s",
             }[b]
             for b in basis

@@ -264,6 +264,10 @@ class HangAttributed(Event):
     basis: list[str]
     reason: str
     sentence: str
+    #: The collective the other ranks wait in: op, group and seq (None: unknown).
+    collective: dict[str, Any] | None = None
+    #: Where the culprit was instead ('in broadcast #5 on default_pg at train.py:40 (main)').
+    culprit_frame: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -37,6 +37,7 @@ from ._agent import FtAgent, LauncherExit, RestartPolicy
 from ._cluster import ClusterOptions
 from ._events import Finished, Recorder, RunStarted
 from ._exec_shim import shim_args
+from ._flight_env import enable_flight_recorder
 from ._local_ckpt import SPARE_PRELOAD, LocalCkptOptions, NodeDirectory
 from ._monitors import MonitorSupervisor
 from ._numa import NumaPlan, machine_plan, wrap_command
@@ -249,6 +250,7 @@ def launch(options: LaunchOptions, monitors: MonitorSupervisor | None = None) ->
     """
     config = options.config
     os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = config.signals_to_handle
+    enable_flight_recorder(os.environ)  # the ranks inherit it; hang attribution reads it
     handled: list[signal.Signals] = []
     params = RendezvousParameters(
         backend=config.rdzv_backend,

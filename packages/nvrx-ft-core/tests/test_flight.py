@@ -1,0 +1,58 @@
+"""The flight-recorder server and reader on a real one-rank gloo process group."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+
+from nvrx.ft._flight import (
+    CollectiveState,
+    TraceFetch,
+    fetch_trace,
+    start_trace_server,
+    stop_trace_server,
+    summarize_trace,
+    trace_socket_path,
+)
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_a_rank_serves_its_flight_recorder_and_the_reader_summarises_it() -> None:
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1
+    )
+    try:
+        path = start_trace_server()
+        assert path == trace_socket_path(os.getpid())
+        assert start_trace_server() is None  # once per process
+        for _ in range(3):
+            dist.all_reduce(torch.ones(2))
+        dist.broadcast(torch.ones(2), src=0)
+        data = fetch_trace(os.getpid(), timeout_s=10.0)
+        assert data is not None
+        assert summarize_trace(data) == CollectiveState("broadcast", "default_pg", 4, False)
+        assert TraceFetch(os.getpid(), timeout_s=10.0).result(10.0) == CollectiveState(
+            "broadcast", "default_pg", 4, False
+        )
+    finally:
+        stop_trace_server()
+        dist.destroy_process_group()
+    assert not os.path.exists(trace_socket_path(os.getpid()))
+    assert fetch_trace(os.getpid(), timeout_s=1.0) is None  # no server: no answer, no error
+
+
+def test_a_process_without_a_server_gives_none() -> None:
+    assert fetch_trace(os.getpid(), timeout_s=0.5) is None
+    assert TraceFetch(2**22 + 12345, timeout_s=0.5).result(2.0) is None
