@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+from nvrx.launcher import _reaper
 from nvrx.launcher._reaper import Reaper, _children
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux prctl")
@@ -83,5 +84,30 @@ def test_close_reaches_every_generation() -> None:
         assert daemon in killed
         assert len(killed) == 2, killed
         assert not [p for p in killed if _alive(p)]
+    finally:
+        reaper.close()
+
+
+@pytest.mark.timeout(60)
+def test_an_orphan_that_ends_while_the_job_runs_is_reaped(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(_reaper, "_ORPHAN_REAP_S", 0.05)
+    reaper = Reaper()
+    try:
+        # Like a rank's guard: born in another process's group, orphaned, then it ends.
+        out = subprocess.run(
+            ["sh", "-c", "sleep 0.2 </dev/null >/dev/null 2>&1 & echo $!"],
+            check=True,
+            capture_output=True,
+            text=True,
+            start_new_session=True,
+        )
+        orphan = int(out.stdout)
+        deadline = time.monotonic() + 20
+        while orphan in _children(os.getpid()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert orphan not in _children(os.getpid())  # not left a zombie until the end
+        assert reaper.close() == []
     finally:
         reaper.close()

@@ -5,7 +5,8 @@ a daemonising tool) takes it out of the rank's process group, so neither the gua
 kills the group nor torch's stop reaches it; normally it is re-parented to init and
 outlives the job. The launcher therefore makes itself a *child subreaper*
 (``prctl(PR_SET_CHILD_SUBREAPER)``, Linux 3.4+): such an orphan is re-parented to the
-launcher instead. When the launcher ends (after its ranks, monitors and spares are
+launcher instead (and, when one ends while the job runs, is reaped by it: a rank's guard
+ends every cycle). When the launcher ends (after its ranks, monitors and spares are
 stopped), :meth:`Reaper.close` SIGKILLs every child it still has, that is every process
 the job left behind, and reaps it; killing a child re-parents its own children to the
 launcher, so it repeats until none is left. Only the launcher's own children are
@@ -26,6 +27,7 @@ import ctypes
 import logging
 import os
 import signal
+import threading
 import time
 
 __all__: list[str] = []
@@ -39,6 +41,9 @@ _MAX_ROUNDS = 64
 #: How long one round waits for the killed children to be reapable.
 _REAP_WAIT_S = 2.0
 _POLL_S = 0.01
+#: How often orphans that ended while the job runs are reaped (one /proc scan each).
+_ORPHAN_REAP_S = 10.0
+_JOIN_S = 1.0
 
 
 def _prctl(option: int, arg: object) -> int:
@@ -50,9 +55,9 @@ def _prctl(option: int, arg: object) -> int:
     return result
 
 
-def _children(pid: int) -> dict[int, str]:
-    """``pid``'s children and their state letter (``Z``: a zombie), from /proc."""
-    found: dict[int, str] = {}
+def _children(pid: int) -> dict[int, tuple[str, int]]:
+    """``pid``'s children: their state letter (``Z``: a zombie) and process group."""
+    found: dict[int, tuple[str, int]] = {}
     try:
         entries = os.listdir("/proc")
     except OSError:
@@ -65,10 +70,10 @@ def _children(pid: int) -> dict[int, str]:
                 text = stat.read().decode("ascii", "replace")
         except OSError:
             continue
-        # pid (comm) state ppid ...: comm may hold spaces and parentheses.
+        # pid (comm) state ppid pgrp ...: comm may hold spaces and parentheses.
         fields = text[text.rfind(")") + 2 :].split()
-        if len(fields) >= 2 and fields[1].isdigit() and int(fields[1]) == pid:
-            found[int(entry)] = fields[0]
+        if len(fields) >= 3 and fields[1].isdigit() and int(fields[1]) == pid:
+            found[int(entry)] = (fields[0], int(fields[2]) if fields[2].isdigit() else -1)
     return found
 
 
@@ -101,18 +106,38 @@ class Reaper:
             return
         self._previous = was.value
         self.active = True
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._reap_loop, name="nvrx-reaper", daemon=True)
+        self._thread.start()
+
+    def _reap_loop(self) -> None:
+        """Reap, while the job runs, orphans that ended: never a child someone waits for.
+
+        Only a zombie whose process group is another process's (not its own, not the
+        launcher's) is taken: it was started inside a rank's group (a rank's guard, a
+        helper) and re-parented here, so no Popen of the launcher waits for it; reaping
+        one that does would turn its exit status into 0.
+        """
+        own_group = os.getpgrp()
+        while not self._stop.wait(_ORPHAN_REAP_S):
+            for pid, (state, group) in _children(self._pid).items():
+                if state == "Z" and group not in (pid, own_group) and pid not in self._before:
+                    with contextlib.suppress(ChildProcessError):
+                        os.waitpid(pid, os.WNOHANG)
 
     def close(self) -> list[int]:
         """SIGKILL and reap every child left (not one from before); their pids."""
         if not self.active:
             return []
         killed: list[int] = []
+        self._stop.set()
+        self._thread.join(_JOIN_S)
         try:
             for _ in range(_MAX_ROUNDS):
                 left = {p: s for p, s in _children(self._pid).items() if p not in self._before}
                 if not left:
                     break
-                for pid, state in left.items():
+                for pid, (state, _) in left.items():
                     if state != "Z":
                         if not killed:
                             logger.warning(
