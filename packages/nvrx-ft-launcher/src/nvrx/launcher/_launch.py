@@ -41,6 +41,7 @@ from ._flight_env import enable_flight_recorder
 from ._local_ckpt import SPARE_PRELOAD, LocalCkptOptions, NodeDirectory
 from ._monitors import MonitorSupervisor
 from ._numa import NumaPlan, machine_plan, wrap_command
+from ._reaper import Reaper
 from ._rendezvous import tune_rendezvous
 from ._spares import DEFAULT_PRELOAD, SAFE_FLAGS, SparePool, python_command
 from .exit_codes import ExitCode, exit_code_for_signal
@@ -283,6 +284,8 @@ def launch(options: LaunchOptions, monitors: MonitorSupervisor | None = None) ->
     server: metrics.MetricsServer | None = None
     metrics_recorder: metrics.NullRecorder = metrics.NULL_RECORDER
     node_dir: NodeDirectory | None = None
+    # Orphans of the job (a setsid'd process) come to this process; killed at the end.
+    reaper = Reaper()
     try:
         handled = _install_signal_handlers(config.signals_to_handle)
         server = _metrics_server(options)
@@ -358,6 +361,7 @@ def launch(options: LaunchOptions, monitors: MonitorSupervisor | None = None) ->
             spares.close()
         if monitors is not None:
             monitors.close()
+        reaper.close()
         if node_dir is not None:  # a failed job's is left (the next launcher removes it)
             node_dir.close(succeeded=code == ExitCode.SUCCESS)
         recorder.record(Finished(exit_code=int(code), reason=reason))
