@@ -8,7 +8,9 @@ import http.server
 import logging
 import os
 import pathlib
+import shutil
 import statistics
+import subprocess
 import threading
 from collections.abc import Iterator
 
@@ -243,3 +245,43 @@ def test_the_pet_variable_is_checked_too(
     assert info.value.code == ExitCode.USAGE_ERROR
     err = capsys.readouterr().err
     assert "/no/such/dir/nvrx.prom" in err, err
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool is not installed")
+def test_promtool_accepts_every_metric(tmp_path: pathlib.Path) -> None:
+    rec = _recorder()
+    rec.monitor_health(0, True)
+    rec.straggler_scores({0: 1.0, 1: 0.5})
+    path = tmp_path / "nvrx.prom"
+    assert rec.write_textfile(str(path))
+    with path.open("rb") as text:
+        done = subprocess.run(
+            ["promtool", "check", "metrics"], stdin=text, capture_output=True, timeout=30
+        )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert not done.stdout.strip(), done.stdout  # no lint findings either
+
+
+def test_names_follow_prometheus_conventions() -> None:
+    """What promtool's linter checks, where promtool is not installed: base units,
+    ``_total`` only on counters, ``_info`` gauges of 1, help on every family."""
+    rec = _recorder()
+    rec.monitor_health(0, True)
+    rec.straggler_scores({0: 1.0, 1: 0.5})
+    text = generate_latest(rec.registry).decode()
+    families = list(text_string_to_metric_families(text))
+    assert families
+    for family in families:
+        assert family.name.startswith("nvrx_"), family.name
+        assert family.documentation, family.name
+        assert family.name == family.name.lower()
+        if family.type == "counter":
+            assert f"# TYPE {family.name}_total counter" in text or family.name.endswith("_total")
+        else:
+            assert not family.name.endswith("_total"), family.name
+        if family.type == "histogram":
+            assert family.name.endswith("_seconds"), family.name
+        if family.type == "info":
+            assert all(s.value == 1.0 for s in family.samples)
+        for unit in ("_milliseconds", "_minutes", "_hours", "_percent"):
+            assert unit not in family.name, family.name
