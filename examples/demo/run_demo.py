@@ -79,6 +79,9 @@ def local_launcher_command(out: pathlib.Path, args: argparse.Namespace) -> list[
         "--workers-stop-timeout=2",
         *base,
         "--local-ckpt-every-n-steps=1",
+        # The restarted ranks are spares that imported torch and the local checkpoint
+        # module already: the restore is then most of what the restart costs the ranks.
+        "--warm-spares",
         str(HERE / "train_local.py"),
         f"--out={out}",
     ]
