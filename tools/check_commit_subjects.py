@@ -22,6 +22,8 @@ EXEMPT = frozenset(
         "97e3aefd8f942ecfcd213bbdd7cbfd1d75ba60fa",  # 73: "launcher: every documented env ..."
         "5cd8cc44e27549cd6533c3b7a6a810281e7e2d5a",  # 73: "ptl: NeMo-shaped Hierarchical..."
         "7d20031dd9e4499353dea0ace3ae95f64ba55ecc",  # 73: "ptl tests: the DDP restart test..."
+        "cc692d133abff300266b42c3a2939080e73c4685",  # 73: "metrics tests: real launcher..."
+        "3be1a8b2657cf2bb97e566c1f9713a1c430fed83",  # 80: "launcher metrics: goodput/badput..."
     }
 )
 
