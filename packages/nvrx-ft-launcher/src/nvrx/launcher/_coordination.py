@@ -633,8 +633,12 @@ class JobCoordinator:
         # A node takes its index (the counter) before it writes its timeline: the ones
         # counted get the rest of the wait, at least _TIMELINE_WRITE_S, to be written.
         written_by = max(deadline, time.monotonic() + _TIMELINE_WRITE_S)
-        while names and not self._store.check(names) and time.monotonic() < written_by:
-            time.sleep(_POLL_S)
+        if names:
+            # The store's own wait (no poll loop); a node that never writes its timeline
+            # costs this wait's timeout, after which the written ones are read.
+            with contextlib.suppress(TimeoutError, RuntimeError):  # torch: DistStoreError
+                left = max(0.001, written_by - time.monotonic())
+                self._store.wait(names, datetime.timedelta(seconds=left))
         found = (self._read(name, parse) for name in names)
         return [value for value in found if value is not None]
 
