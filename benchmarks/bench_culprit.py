@@ -30,7 +30,8 @@ target 5 s) and the time a run took.
 
 Measured on the shared 2-core dev box (load about 10), ``--runs 8 --seed 18`` (two runs
 of each kind): right 8, undecided 0, wrong 0, collective wrong 0; decided 0.01-0.10 s
-after the first hang event; 16.7-26.1 s per run.
+after the first hang event; 16.7-26.1 s per run. ``--runs 12 --seed 7``: right 12,
+wrong 0, collective wrong 0, decided within 0.03 s; 11.8-29.1 s per run.
 """
 
 from __future__ import annotations

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pathlib
 import socket
 
 import pytest
@@ -56,3 +57,18 @@ def test_a_rank_serves_its_flight_recorder_and_the_reader_summarises_it() -> Non
 def test_a_process_without_a_server_gives_none() -> None:
     assert fetch_trace(os.getpid(), timeout_s=0.5) is None
     assert TraceFetch(2**22 + 12345, timeout_s=0.5).result(2.0) is None
+
+
+def test_a_directory_others_can_write_is_refused(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    shared = os.path.dirname(trace_socket_path(os.getpid()))
+    os.makedirs(shared)
+    os.chmod(shared, 0o777)
+    assert fetch_trace(os.getpid(), timeout_s=0.5) is None
+    import torch  # noqa: F401  (the server starts only in a process that imported torch)
+
+    assert start_trace_server() == f"!{shared} is not a private directory of this user"

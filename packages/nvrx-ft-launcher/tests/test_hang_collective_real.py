@@ -50,6 +50,10 @@ def test_the_hang_line_names_the_collective(
     validator = jsonschema.Draft202012Validator(json.loads(schema_path("journal").read_text()))
     for record in records:
         validator.validate(record)
+    terminated = {r["rank"]: r for r in records if r["event"] == "rank_terminated_by_monitor"}
+    waiting = {"op": "all_reduce", "group": "default_pg", "seq": 4, "pending": True}
+    assert sorted(r for r, t in terminated.items() if t["collective"] == waiting) == [0, 2, 3]
+    assert terminated[HUNG]["collective"] != waiting, terminated[HUNG]
     [finding] = [r for r in records if r["event"] == "hang_attributed"]
     assert finding["culprit"] == HUNG, finding
     assert HUNG not in finding["victims"], finding

@@ -21,6 +21,7 @@ import dataclasses
 import json
 import os
 import socket
+import stat
 import sys
 import tempfile
 import threading
@@ -140,6 +141,15 @@ def trace_socket_path(pid: int) -> str:
 _server: Any = None
 
 
+def _private_dir(path: str) -> bool:
+    """True when ``path`` is a real directory of ours that no one else can write."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o022
+
+
 def start_trace_server() -> str | None:
     """Serve this rank's flight recorder; returns the socket path or why not (``!...``).
 
@@ -158,6 +168,8 @@ def start_trace_server() -> str | None:
     path = trace_socket_path(os.getpid())
     try:
         os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        if not _private_dir(os.path.dirname(path)):
+            return f"!{os.path.dirname(path)} is not a private directory of this user"
         if os.path.lexists(path):
             os.unlink(path)
         _server = (_WorkerServer(path), path)
@@ -203,10 +215,13 @@ def _http_body(raw: bytes) -> bytes | None:
 def fetch_trace(pid: int, timeout_s: float = 1.0) -> bytes | None:
     """Rank ``pid``'s flight-recorder dump (JSON bytes), or None within ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
+    path = trace_socket_path(pid)
+    if not _private_dir(os.path.dirname(path)):
+        return None
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
             sock.settimeout(timeout_s)
-            sock.connect(trace_socket_path(pid))
+            sock.connect(path)
             sock.sendall(_REQUEST)
             chunks, size = [], 0
             while size <= MAX_TRACE_BYTES:

@@ -814,6 +814,7 @@ class FtAgent(LocalElasticAgent):
                         ),
                         stack=None if event.stack is None else event.stack.to_json(),
                         proc_state=event.proc_state,
+                        collective=None if event.collective is None else event.collective.to_json(),
                     )
                 )
                 logger.warning(

@@ -120,6 +120,8 @@ class RankTerminatedByMonitor(Event):
     stack: dict[str, Any] | None = None
     #: The rank's /proc state letter before its monitor signalled it ("T": stopped).
     proc_state: str | None = None
+    #: Its latest collective in torch's flight recorder (op, group, seq, pending).
+    collective: dict[str, Any] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
