@@ -353,7 +353,11 @@ def test_real_launch_passes_script_arguments_untouched(tmp_path: pathlib.Path) -
     assert log.count("--ft-param-rank_heartbeat_timeout is deprecated") == 1
 
 
-def test_progress_rule_read_from_the_config_file_unless_given(tmp_path: pathlib.Path) -> None:
+def test_progress_rule_read_from_the_config_file_unless_given(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "x.py").touch()  # the training script must exist
+    monkeypatch.chdir(tmp_path)
     from nvrx.launcher.cli import _options
 
     cfg = tmp_path / "ft.yaml"

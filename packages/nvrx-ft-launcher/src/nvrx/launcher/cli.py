@@ -47,6 +47,7 @@ from ._validation import (
     validate_environment,
     validate_launcher_files,
     validate_torchrun_options,
+    validate_training_script,
 )
 from .exit_codes import ExitCode, exit_codes_table
 
@@ -675,6 +676,8 @@ def _options(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Launc
         parser.error(f"{exc or type(exc).__name__}")
     assert isinstance(cmd, str)
     cluster = _cluster_settings(args, ft_cfg, parser, config)
+    local_ckpt = _local_ckpt.options(args, parser)
+    validate_training_script(args, parser)  # after the options: a bad value is named first
     return LaunchOptions(
         config=config,
         command=[cmd, *cmd_args],
@@ -698,7 +701,7 @@ def _options(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Launc
         metrics_textfile=args.ft_metrics_textfile,
         metrics_pushgateway=args.ft_metrics_pushgateway,
         cluster=cluster,
-        local_ckpt=_local_ckpt.options(args, parser),
+        local_ckpt=local_ckpt,
         journal=args.ft_journal
         or (os.path.join(args.log_dir, "ft_launcher_events.jsonl") if args.log_dir else None),
     )
