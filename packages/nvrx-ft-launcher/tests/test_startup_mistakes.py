@@ -43,6 +43,7 @@ def test_missing_training_script_is_exit_2_naming_the_path(tmp_path: pathlib.Pat
     assert "'nope.py': no such file" in line
     assert str(tmp_path) in line  # where it looked
     assert "Traceback" not in done.stderr
+    assert "RankMonitor" not in done.stderr  # no monitor started, none wraps the error
     assert not journal.exists()  # no cycle, no restart, no ETTR for a job that never ran
 
 

@@ -917,6 +917,10 @@ def early_settings(argv: Sequence[str]) -> EarlySettings | None:
         mine = launcher_argv(argv, pre)
         if any(token in ("-h", "--help", "--version") for token in mine):
             return None
+        script = argv[len(mine)] if len(mine) < len(argv) else None
+        program = any(t in ("-m", "--module", "--no-python", "--no_python") for t in mine)
+        if script is None or (not program and not os.access(script, os.R_OK)):
+            return None  # the full parse stops with a usage error: no monitor output first
         known, _ = pre.parse_known_args(mine)
         nproc = int(known.nproc_per_node)
         cfg = FaultToleranceConfig.from_args(known)
