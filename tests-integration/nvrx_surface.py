@@ -1450,6 +1450,34 @@ def _empty_yaml_and_missing_path() -> object:
     return (from_empty, "accepted")
 
 
+def _yaml_typo_and_missing_script() -> object:
+    import contextlib
+    import io
+    import tempfile
+
+    from nvrx.ft import FaultToleranceConfig
+    from nvrx.launcher.cli import main
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = pathlib.Path(tmp) / "ft.yaml"
+        path.write_text(
+            "fault_tolerance:\n  rank_hearbeat_timeout: 10\n  calculate_timeouts: true\n",
+            encoding="utf-8",
+        )
+        try:
+            FaultToleranceConfig.from_yaml_file(path)
+            typo = "accepted"
+        except ValueError:
+            typo = "ValueError"
+        code: object = "started"
+        with contextlib.redirect_stderr(io.StringIO()):
+            try:
+                main(["--nproc-per-node=1", str(pathlib.Path(tmp) / "missing.py")])
+            except SystemExit as exc:
+                code = exc.code
+    return (typo, code)
+
+
 def _nvrx_values() -> object:
     from nvrx.ft import FaultToleranceConfig
 
@@ -1683,6 +1711,17 @@ BEHAVIOURS: tuple[Behaviour, ...] = (
         "as 0.7; a typo in a path must not silently run with defaults",
         _empty_yaml_and_missing_path,
         (5.0, "FileNotFoundError"),
+    ),
+    Behaviour(
+        "a YAML key one or two edits from a field (rank_hearbeat_timeout), not NeMo's; "
+        "a training script that does not exist",
+        "ignored (the field keeps its default); every rank fails in every restart cycle",
+        "a ValueError naming both spellings (ft_launcher: exit code 2); exit code 2 at "
+        "start-up naming the path (not with --no-python or -m)",
+        "a typo must not silently run with a default, nor burn the restart budget; NeMo's "
+        "own keys and other foreign keys stay one warning",
+        _yaml_typo_and_missing_script,
+        ("ValueError", 2),
     ),
     Behaviour(
         "NVRx's values: rank_termination_signal 9 or 'sigterm', link_down_path_template "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import pathlib
 import subprocess
 import sys
 
@@ -132,7 +133,11 @@ def test_term_timeout_falls_back_to_torchruns_shutdown_timeout() -> None:
     assert _term_timeout(parse(["--shutdown-timeout", "40", "--term-timeout", "5", "x.py"])) == 5.0
 
 
-def test_defaults_of_the_monitor_wait_and_the_spare_preload() -> None:
+def test_defaults_of_the_monitor_wait_and_the_spare_preload(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "x.py").touch()  # the training script must exist
+    monkeypatch.chdir(tmp_path)
     from nvrx.ft import RANK_MONITOR_INIT_TIMEOUT
     from nvrx.launcher._spares import DEFAULT_PRELOAD
     from nvrx.launcher.cli import _options

@@ -72,8 +72,10 @@ def test_the_options_and_their_pet_variables_parse(
 
 
 def test_redirects_with_per_cycle_logs_is_said_to_have_no_effect(
-    tmp_path: pathlib.Path, caplog: pytest.LogCaptureFixture
+    tmp_path: pathlib.Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    (tmp_path / "x.py").touch()  # the training script must exist
+    monkeypatch.chdir(tmp_path)
     from nvrx.launcher.cli import _options
 
     parser = get_parser()

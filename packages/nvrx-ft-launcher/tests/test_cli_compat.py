@@ -217,7 +217,11 @@ def test_arguments_after_the_script_belong_to_the_script() -> None:
     assert args.training_script_args == SCRIPT_ARGS
 
 
-def test_early_parse_never_reads_the_scripts_arguments() -> None:
+def test_early_parse_never_reads_the_scripts_arguments(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "train.py").touch()
+    monkeypatch.chdir(tmp_path)
     settings = early_settings(["--ft-rank-heartbeat-timeout", "9", "train.py", *SCRIPT_ARGS])
     assert settings is not None
     assert settings.local_world_size == 1
@@ -225,6 +229,8 @@ def test_early_parse_never_reads_the_scripts_arguments() -> None:
     assert early_settings(["--nproc-per-node", "1000000", "train.py"]) is None
     assert early_settings(["--nproc-per-node", "gpu", "train.py"]) is None
     assert early_settings(["--version"]) is None
+    assert early_settings(["missing.py"]) is None  # the full parse refuses it
+    assert early_settings(["-m", "missing_module"]) is not None  # a module: not a path
 
 
 @pytest.mark.parametrize(
@@ -353,7 +359,11 @@ def test_real_launch_passes_script_arguments_untouched(tmp_path: pathlib.Path) -
     assert log.count("--ft-param-rank_heartbeat_timeout is deprecated") == 1
 
 
-def test_progress_rule_read_from_the_config_file_unless_given(tmp_path: pathlib.Path) -> None:
+def test_progress_rule_read_from_the_config_file_unless_given(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "x.py").touch()  # the training script must exist
+    monkeypatch.chdir(tmp_path)
     from nvrx.launcher.cli import _options
 
     cfg = tmp_path / "ft.yaml"

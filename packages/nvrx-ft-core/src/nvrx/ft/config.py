@@ -693,6 +693,14 @@ class FaultToleranceConfig:
         """
         path = pathlib.Path(cfg_path)
         section = _read_ft_section(path)
+        misspelt = _misspelt_fields(section, cls.field_names())
+        if misspelt:
+            raise ValueError(
+                f"{path}: misspelt fault_tolerance settings: "
+                + "; ".join(
+                    f"{bad!r} is not a setting; did you mean {good!r}?" for bad, good in misspelt
+                )
+            )
         try:
             return cls.from_kwargs(ignore_not_recognized=ignore_not_recognized, **dict(section))
         except ValueError as exc:
@@ -775,6 +783,42 @@ def _warn_given(cfg: FaultToleranceConfig, given: Mapping[str, object]) -> None:
         spec: FieldSpec = f.metadata["nvrx"]
         if spec.without_effect is not None and f.name in given:
             _warn_without_effect(f.name, getattr(cfg, f.name), spec.without_effect)
+
+
+#: The most single-character edits (insert, delete, replace, swap two neighbours) that
+#: make a YAML key a misspelling of a field rather than a setting of someone else's.
+_MAX_TYPO_EDITS = 2
+
+
+def _edit_distance(a: str, b: str, limit: int) -> int:
+    """Edits from ``a`` to ``b`` (a transposition counts one), or ``limit + 1`` if more."""
+    if abs(len(a) - len(b)) > limit:
+        return limit + 1
+    before: list[int] | None = None
+    row = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        current = [i] + [0] * len(b)
+        for j, cb in enumerate(b, 1):
+            cost = 0 if ca == cb else 1
+            current[j] = min(row[j] + 1, current[j - 1] + 1, row[j - 1] + cost)
+            if before is not None and i > 1 and j > 1 and ca == b[j - 2] and a[i - 2] == cb:
+                current[j] = min(current[j], before[j - 2] + 1)
+        before, row = row, current
+        if min(row) > limit:
+            return limit + 1
+    return min(row[-1], limit + 1)
+
+
+def _misspelt_fields(section: Mapping[str, Any], known: tuple[str, ...]) -> list[tuple[str, str]]:
+    """(key, field) for each key that is not a field, not one of NeMo's settings, and
+    within :data:`_MAX_TYPO_EDITS` edits of a field: a typo, never someone else's key."""
+    found = []
+    for key in sorted(set(section) - set(known) - _NEMO_KEYS):
+        distances = [(_edit_distance(key, name, _MAX_TYPO_EDITS), name) for name in known]
+        distance, name = min(distances)
+        if distance <= _MAX_TYPO_EDITS:
+            found.append((key, name))
+    return found
 
 
 def _describe_unknown(name: str, known: tuple[str, ...]) -> str:

@@ -135,6 +135,8 @@ class _Cycle:
     #: Each local rank's ``rank_first_step`` event, and whether ``first_step`` was journalled.
     first_steps: dict[int, MonitorEvent] = dataclasses.field(default_factory=dict)
     first_step_recorded: bool = False
+    #: Pids of the ranks whose crash was already logged (the moment it was seen).
+    crashes_named: set[int] = dataclasses.field(default_factory=set)
 
     def note_request(self, event: MonitorEvent) -> None:
         """Keep a workload control request (the first of each kind) for this cycle."""
@@ -719,6 +721,7 @@ class FtAgent(LocalElasticAgent):
         result = self._monitor_workers(wg)
         repeated_error: str | None = None
         if result.state == WorkerState.FAILED:
+            self._name_crashes(result)
             if self._await_hang_evidence():
                 result = self._monitor_workers(wg)
                 # A request that came while waiting still wins over the failure.
@@ -977,6 +980,29 @@ class FtAgent(LocalElasticAgent):
             return 0
         self._next_waiting_check = now + _WAITING_CHECK_PERIOD_S
         return handler.num_nodes_waiting()
+
+    def _name_crashes(self, result: RunResult) -> None:
+        """Log each crashed rank the moment it is seen, before the others are stopped.
+
+        The decision's line (restart or stop) follows only once the survivors have
+        stopped (up to --workers-stop-timeout); this one names the rank at once, as
+        torchrun's ``exitcode`` line does. A rank its monitor terminated (a hang) is
+        named by the hang line instead.
+        """
+        for global_rank, failure in sorted(result.failures.items()):
+            if failure.local_rank in self._cycle.terminated:
+                continue
+            if failure.pid in self._cycle.crashes_named:
+                continue
+            self._cycle.crashes_named.add(failure.pid)
+            logger.error(
+                "rank %d (local rank %d, pid %d) %s in cycle %d; stopping the other ranks",
+                global_rank,
+                failure.local_rank,
+                failure.pid,
+                _describe_exit(failure.exitcode),
+                self._cycle.number,
+            )
 
     def _describe_failures(self, result: RunResult) -> list[str]:
         out = []

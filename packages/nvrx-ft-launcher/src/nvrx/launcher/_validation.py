@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import difflib
 import math
 import os
 import re
@@ -22,12 +23,14 @@ from nvrx.ft import MAX_DURATION_S
 
 __all__ = [
     "MAX_DAYS",
+    "check_option_names",
     "checked_parser",
     "max_local_ranks",
     "unsafe_output_path",
     "validate_environment",
     "validate_launcher_files",
     "validate_torchrun_options",
+    "validate_training_script",
 ]
 
 #: The longest duration any option accepts, in words (the same bound as nvrx.ft's).
@@ -194,6 +197,73 @@ def validate_launcher_files(args: argparse.Namespace, parser: argparse.ArgumentP
             why = unsafe_output_path(path, is_dir=is_dir)
             if why is not None:
                 parser.error(f"argument {option}: {path!r}: {why}")
+
+
+def validate_training_script(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """The training script exists and can be read, unless it is a program or a module.
+
+    Checked after every option, so a bad option value is named first.
+
+    Without this check a missing script fails every rank of every cycle, after the
+    monitors, the rendezvous and each restart: the job spends its whole restart budget
+    on a mistake that no restart can fix. With ``--no-python`` the command is a
+    program found on PATH, with ``-m``/``--module`` a module name: neither is a path.
+    """
+    if getattr(args, "no_python", False) or getattr(args, "module", False):
+        return
+    script = args.training_script
+    if os.path.isdir(script):
+        why = "is a directory, not a Python script"
+        if os.path.isfile(os.path.join(script, "__main__.py")):
+            return  # python runs a directory with a __main__.py
+    elif not os.path.exists(script):
+        why = "no such file"
+    elif not os.access(script, os.R_OK):
+        why = "not readable by this user"
+    else:
+        return
+    parser.error(
+        f"training script {script!r}: {why} (looked in {os.getcwd()!r}; pass --no-python "
+        "to run a program or -m to run a module)"
+    )
+
+
+#: What argparse reads as a negative number (a value, never an option).
+_NEGATIVE_NUMBER = re.compile(r"-\d+|-\d*\.\d+")
+
+
+def check_option_names(parser: argparse.ArgumentParser, launcher_part: Sequence[str]) -> None:
+    """Every option before the training script is one the parser knows, else a usage error.
+
+    argparse would report a misspelt option only as "unrecognized arguments", and, as
+    its value then reads as the training script, often name the wrong word. The error
+    here names the option and the closest known spelling ("did you mean"). Options
+    are matched whole (the parser has ``allow_abbrev=False``); words after the script
+    belong to the script and are never looked at.
+    """
+    known = parser._option_string_actions
+    words = list(launcher_part)
+    index = 0
+    while index < len(words):
+        word = words[index]
+        index += 1
+        if word == "--":
+            return
+        if not word.startswith("-") or word == "-" or _NEGATIVE_NUMBER.fullmatch(word):
+            continue
+        name, has_value, _ = word.partition("=")
+        action = known.get(name)
+        if action is not None:
+            if not has_value and action.nargs is None:
+                index += 1  # its value, whatever it looks like
+            elif not has_value and action.nargs == "?" and index < len(words):
+                index += 0 if words[index].startswith("-") else 1
+            continue
+        if not word.startswith("--") and word[:2] in known:
+            continue  # a short option with its value attached (-r3)
+        close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        parser.error(f"unrecognized option {name}{hint}")
 
 
 #: Options naming files (or a directory of files) the launcher writes: option, dest, dir.
@@ -385,4 +455,5 @@ def checked_parser(
         for option in action.option_strings:
             from_env[option] = variable
     setattr(parser, _FROM_ENV_ATTR, from_env)
+    check_option_names(parser, argv)
     return parser

@@ -47,6 +47,7 @@ from ._validation import (
     validate_environment,
     validate_launcher_files,
     validate_torchrun_options,
+    validate_training_script,
 )
 from .exit_codes import ExitCode, exit_codes_table
 
@@ -675,6 +676,8 @@ def _options(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Launc
         parser.error(f"{exc or type(exc).__name__}")
     assert isinstance(cmd, str)
     cluster = _cluster_settings(args, ft_cfg, parser, config)
+    local_ckpt = _local_ckpt.options(args, parser)
+    validate_training_script(args, parser)  # after the options: a bad value is named first
     return LaunchOptions(
         config=config,
         command=[cmd, *cmd_args],
@@ -698,7 +701,7 @@ def _options(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Launc
         metrics_textfile=args.ft_metrics_textfile,
         metrics_pushgateway=args.ft_metrics_pushgateway,
         cluster=cluster,
-        local_ckpt=_local_ckpt.options(args, parser),
+        local_ckpt=local_ckpt,
         journal=args.ft_journal
         or (os.path.join(args.log_dir, "ft_launcher_events.jsonl") if args.log_dir else None),
     )
@@ -914,6 +917,10 @@ def early_settings(argv: Sequence[str]) -> EarlySettings | None:
         mine = launcher_argv(argv, pre)
         if any(token in ("-h", "--help", "--version") for token in mine):
             return None
+        script = argv[len(mine)] if len(mine) < len(argv) else None
+        program = any(t in ("-m", "--module", "--no-python", "--no_python") for t in mine)
+        if script is None or (not program and not os.access(script, os.R_OK)):
+            return None  # the full parse stops with a usage error: no monitor output first
         known, _ = pre.parse_known_args(mine)
         nproc = int(known.nproc_per_node)
         cfg = FaultToleranceConfig.from_args(known)
