@@ -47,7 +47,7 @@ __all__ = ["run"]
 
 HERE = pathlib.Path(__file__).resolve().parent
 SCRIPT = HERE.parent / "tests-integration" / "scripts" / "local_ckpt_ddp.py"
-AREA = "local_ckpt"
+AREA = "local_ckpt_recovery"
 STEP_S = 0.25
 DISK_EVERY = 20
 HEARTBEAT_TIMEOUT_S = 3.0
