@@ -30,9 +30,24 @@ def test_help_documents_torchrun_ft_and_launcher_options() -> None:
         "--warm-spare-preload",
     ):
         assert option in text
+    without_effect = {
+        field
+        for field in FaultToleranceConfig.field_names()
+        if FaultToleranceConfig.field_spec(field).without_effect is not None
+    }
+    assert without_effect  # NVRx fields accepted for compatibility
     for field in FaultToleranceConfig.field_names():
-        assert f"--ft-{field.replace('_', '-')}" in text
+        if field not in without_effect:
+            assert f"--ft-{field.replace('_', '-')}" in text, field
+    # (some NVRx spellings without effect as fields are aliases of launcher options, so
+    # they still show as those options' second spelling)
+    for hidden in ("skip_section_response", "restart_check_interval", "attribution_endpoint"):
+        assert hidden in without_effect
+        assert f"--ft-{hidden.replace('_', '-')} " not in text, hidden
     assert "--ft-param-" not in text  # deprecated spellings stay hidden
+    # Hidden is not refused: NVRx commands keep working.
+    args = get_parser().parse_args(["--ft-skip-section-response", "true", "train.py"])
+    assert args.ft_skip_section_response == "true"
     for code in ExitCode:
         assert f"{int(code):>3}  " in text
 

@@ -923,15 +923,17 @@ def add_ft_arguments(
         if spec.is_flag:
             extra = {"nargs": "?", "const": "true"}
         notes = " (none/null accepted)" if spec.nullable else ""
-        if spec.without_effect is not None:
-            notes += " [accepted without effect]"
+        # NVRx fields that do nothing here are accepted (commands written for NVRx keep
+        # working, with one warning) but kept out of --help: nobody should reach for them.
+        # The migration guide's field table lists each with its reason.
+        hidden = spec.without_effect is not None
         parser.add_argument(
             *spec.option_strings(name),
             dest=f"ft_{name}",
             default=None,
             type=_cli_type(name, spec),
             metavar=name.upper(),
-            help=f"{spec.help}{notes}",
+            help=argparse.SUPPRESS if hidden else f"{spec.help}{notes}",
             **extra,
         )
 
