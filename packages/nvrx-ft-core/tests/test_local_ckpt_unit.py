@@ -104,7 +104,7 @@ def test_tree_refuses_what_needs_pickle(bad: Any) -> None:
 def _snapshot_bytes(job: str = "job-a") -> bytearray:
     data = torch.arange(10, dtype=torch.int32)
     offsets, end = _format.layout([data])
-    raw = data.numpy().tobytes()
+    raw = bytes(data.view(torch.uint8).tolist())  # no numpy in the package's own venv
     import zlib
 
     entry = _format.TensorEntry("int32", (10,), offsets[0], len(raw), zlib.crc32(raw), "cpu")

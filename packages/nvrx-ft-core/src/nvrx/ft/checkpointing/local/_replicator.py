@@ -137,9 +137,10 @@ class Replicator:
         dst = torch.frombuffer(slot.mm, dtype=torch.uint8)
         body = dst[_format.PREAMBLE_SIZE : nbytes]
         _irecv(body, owner, group=self.group, tag=TAG_BODY).wait(self.timeout)
-        pre = torch.empty(_format.PREAMBLE_SIZE, dtype=torch.uint8)
+        raw = bytearray(_format.PREAMBLE_SIZE)  # no numpy: torch may be installed without it
+        pre = torch.frombuffer(raw, dtype=torch.uint8)
         _irecv(pre, owner, group=self.group, tag=TAG_PREAMBLE).wait(self.timeout)
-        parsed = _format.parse_preamble(pre.numpy().tobytes())
+        parsed = _format.parse_preamble(bytes(raw))
         if parsed.owner != owner or parsed.iteration != iteration or parsed.total_len != nbytes:
             raise ValueError("the replica's preamble is not the one announced")
         dst[: _format.PREAMBLE_SIZE].copy_(pre)
