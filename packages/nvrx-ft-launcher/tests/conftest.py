@@ -51,3 +51,13 @@ def _restore_launcher_logger() -> Iterator[None]:
     saved = (launcher_logger.handlers[:], launcher_logger.level, launcher_logger.propagate)
     yield
     launcher_logger.handlers[:], launcher_logger.level, launcher_logger.propagate = saved
+
+
+@pytest.fixture
+def scripts_here(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> pathlib.Path:
+    """Run in a fresh directory holding the training scripts tests name (x.py, t.py,
+    train.py): ft_launcher refuses a script that does not exist, at start-up."""
+    for name in ("x.py", "t.py", "train.py"):
+        (tmp_path / name).touch()
+    monkeypatch.chdir(tmp_path)
+    return tmp_path

@@ -105,6 +105,8 @@ def test_options_defaults_pet_variables_and_off(
 ) -> None:
     from nvrx.launcher.cli import _options
 
+    monkeypatch.chdir(base)
+    (base / "x.py").touch()  # the training script must exist
     monkeypatch.setenv("PET_LOCAL_CKPT_EVERY_N_STEPS", "5")  # read when the parser is made
     parser = get_parser()
     given = parser.parse_args(
@@ -131,7 +133,9 @@ def test_options_defaults_pet_variables_and_off(
     assert "--local-ckpt-dir" in parser.format_help()
 
 
-def test_a_spare_preloads_the_local_checkpoint_module_when_on(base: pathlib.Path) -> None:
+def test_a_spare_preloads_the_local_checkpoint_module_when_on(
+    base: pathlib.Path, scripts_here: pathlib.Path
+) -> None:
     import sys
 
     from nvrx.launcher._launch import _spare_pool

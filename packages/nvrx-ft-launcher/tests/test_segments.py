@@ -7,6 +7,7 @@ each with its own torch c10d rendezvous handler (for its timeouts and is_closed)
 from __future__ import annotations
 
 import datetime
+import pathlib
 import threading
 import time
 import types
@@ -509,7 +510,9 @@ def test_a_node_without_segment_id_exits_2_saying_why(
     assert "--ft-segment=2: this node has no segment id: NVRX_SEGMENT_ID is not set" in err
 
 
-def test_segments_imply_standby_and_carry_min_max(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_segments_imply_standby_and_carry_min_max(
+    monkeypatch: pytest.MonkeyPatch, scripts_here: pathlib.Path
+) -> None:
     from nvrx.launcher.cli import _options, get_parser
 
     monkeypatch.setenv(SEGMENT_ID_ENV, "rack-1")
@@ -836,6 +839,7 @@ def test_a_settle_window_shorter_than_a_restart_warns_at_start_up(
     warned: bool,
     caplog: pytest.LogCaptureFixture,
     monkeypatch: pytest.MonkeyPatch,
+    scripts_here: pathlib.Path,
 ) -> None:
     import logging
 

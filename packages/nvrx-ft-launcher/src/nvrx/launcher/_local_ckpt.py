@@ -22,14 +22,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
-import math
 import os
 import pathlib
 import time
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 from nvrx.ft.checkpointing.local import _contract as contract
+
+from ._arg_types import number
 
 __all__: list[str] = []
 
@@ -79,23 +79,6 @@ class LocalCkptOptions:
 # --- options ---------------------------------------------------------------------------
 
 
-def _ranged(
-    kind: Callable[[str], Any], low: float, high: float, what: str, *, above: bool = False
-) -> Callable[[str], Any]:
-    def convert(text: str) -> Any:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"invalid value {text!r}: expected {what}") from None
-        low_ok = value > low if above else value >= low
-        if not (math.isfinite(value) and low_ok and value <= high):
-            raise argparse.ArgumentTypeError(f"invalid value {text!r}: expected {what}")
-        return value
-
-    convert.__name__ = what
-    return convert
-
-
 def _base_dir(text: str) -> str:
     """An argparse type: ``none``, or a directory (checked at start, see :func:`options`)."""
     if text.strip().lower() == OFF:
@@ -133,7 +116,7 @@ def add_options(parser: argparse.ArgumentParser) -> None:
         "--local-ckpt-every-n-steps",
         "--local_ckpt_every_n_steps",
         dest="local_ckpt_every_n_steps",
-        type=_ranged(int, 1, 2**31 - 1, "an integer >= 1"),
+        type=number(int, minimum=1, maximum=2**31 - 1, what="an integer >= 1"),
         default=None,
         help="ranks save a local snapshot every N steps (default: the script's choice)",
     )
@@ -141,7 +124,13 @@ def add_options(parser: argparse.ArgumentParser) -> None:
         "--local-ckpt-every-s",
         "--local_ckpt_every_s",
         dest="local_ckpt_every_s",
-        type=_ranged(float, 0.0, _MAX_S, "a number of seconds above 0", above=True),
+        type=number(
+            float,
+            minimum=0.0,
+            maximum=_MAX_S,
+            what="a number of seconds above 0",
+            above_minimum=True,
+        ),
         default=None,
         help="ranks save a local snapshot once this many seconds have passed since the "
         "last (default: the script's choice)",
@@ -150,8 +139,11 @@ def add_options(parser: argparse.ArgumentParser) -> None:
         "--local-ckpt-replicas",
         "--local_ckpt_replicas",
         dest="local_ckpt_replicas",
-        type=_ranged(
-            int, 0, contract.MAX_REPLICAS, f"an integer from 0 to {contract.MAX_REPLICAS}"
+        type=number(
+            int,
+            minimum=0,
+            maximum=contract.MAX_REPLICAS,
+            what=f"an integer from 0 to {contract.MAX_REPLICAS}",
         ),
         default=contract.DEFAULT_REPLICAS,
         help="how many other nodes hold a copy of each rank's snapshot, so that losing a "
@@ -161,7 +153,13 @@ def add_options(parser: argparse.ArgumentParser) -> None:
         "--local-ckpt-max-share",
         "--local_ckpt_max_share",
         dest="local_ckpt_max_share",
-        type=_ranged(float, 0.0, 1.0, "a fraction above 0, at most 1", above=True),
+        type=number(
+            float,
+            minimum=0.0,
+            maximum=1.0,
+            what="a fraction above 0, at most 1",
+            above_minimum=True,
+        ),
         default=contract.DEFAULT_MAX_SHARE,
         help="the largest share of the file system's size the snapshots may fill; a save "
         "that would pass it is skipped with a warning (default: %(default)s)",

@@ -18,7 +18,6 @@ import argparse
 import dataclasses
 import ipaddress
 import logging
-import math
 import os
 import re
 import shlex
@@ -38,6 +37,7 @@ from nvrx.ft import (
 from nvrx.ft.config import parse_bool
 
 from . import _local_ckpt
+from ._arg_types import number
 from ._monitors import MonitorSupervisor
 from ._nvrx_only import add_nvrx_only_options, warn_without_effect
 from ._validation import (
@@ -112,44 +112,20 @@ class _QuietParser(_FtParser):
         raise ValueError(message)
 
 
-def _number(
-    kind: Callable[[str], Any],
-    *,
-    minimum: float,
-    maximum: float,
-    what: str,
-    above_minimum: bool = False,
-) -> Callable[[str], Any]:
-    """An argparse type: a finite number within bounds, else a usage error naming the value."""
-
-    def convert(text: str) -> Any:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"invalid value {text!r}: expected {what}") from None
-        low_ok = value > minimum if above_minimum else value >= minimum
-        if not (math.isfinite(value) and low_ok and value <= maximum):
-            raise argparse.ArgumentTypeError(f"invalid value {text!r}: expected {what}")
-        return value
-
-    convert.__name__ = what
-    return convert
-
-
-_SECONDS = _number(
+_SECONDS = number(
     float, minimum=0.0, maximum=MAX_DURATION_S, what=f"a number of seconds from 0 to {MAX_DAYS}"
 )
-_POSITIVE_SECONDS = _number(
+_POSITIVE_SECONDS = number(
     float,
     minimum=0.0,
     maximum=MAX_DURATION_S,
     above_minimum=True,
     what=f"a number of seconds above 0, at most {MAX_DAYS}",
 )
-_COUNT = _number(int, minimum=0, maximum=10**9, what="an integer >= 0")
-_POSITIVE = _number(int, minimum=1, maximum=10**9, what="an integer >= 1")
-_EXIT_CODE = _number(int, minimum=0, maximum=255, what="an exit code from 0 to 255")
-_PORT = _number(int, minimum=0, maximum=65535, what="a port from 0 to 65535 (0: any free port)")
+_COUNT = number(int, minimum=0, maximum=10**9, what="an integer >= 0")
+_POSITIVE = number(int, minimum=1, maximum=10**9, what="an integer >= 1")
+_EXIT_CODE = number(int, minimum=0, maximum=255, what="an exit code from 0 to 255")
+_PORT = number(int, minimum=0, maximum=65535, what="a port from 0 to 65535 (0: any free port)")
 
 
 def _bind_address(text: str) -> str:
@@ -165,7 +141,7 @@ def _bind_address(text: str) -> str:
     return text
 
 
-_NO_PROGRESS_COUNT = _number(
+_NO_PROGRESS_COUNT = number(
     int, minimum=-1, maximum=10**9, what="an integer >= 0 (0 or -1 disables the rule)"
 )
 
