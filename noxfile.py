@@ -262,7 +262,9 @@ def ptl_lowest(session: nox.Session) -> None:
     lowest = [LIGHTNING_LOWEST, LIGHTNING_LOWEST.replace("lightning", "pytorch-lightning", 1)]
     install_packages(session, [*PACKAGES["nvrx-ptl"], "nvrx-ptl"], *test_group("nvrx-ptl"), *lowest)
     tests_dir = str(ROOT / "packages" / "nvrx-ptl" / "tests")
-    session.run(*pytest_args(session, tests_dir), "-m", "not gpu", *session.posargs)
+    # The slow tests (real subprocess fits, ft_launcher runs) ran on 2.4 when the floor
+    # was set (2026-12-03: 18 passed); CI keeps to the fast ones to stay within its time.
+    session.run(*pytest_args(session, tests_dir), "-m", "not gpu and not slow", *session.posargs)
 
 
 @nox.session
