@@ -340,7 +340,7 @@ def installed_distributions(python: str) -> set[tuple[str, str]]:
 
 
 # Run where nvrx-straggler was installed without its extension: the Python path runs,
-# and one INFO line at import says so.
+# and one WARNING at import says so (the fix is the user's: a wheel or a compiler).
 _PYTHON_PATH_CHECK = """
 import logging
 records = []
@@ -350,15 +350,15 @@ logging.getLogger("nvrx.straggler").addHandler(handler)
 logging.getLogger("nvrx.straggler").setLevel(logging.INFO)
 from nvrx.straggler import sections, statistics
 assert sections.HOT_PATH == "python", sections.HOT_PATH
-said = [r for r in records if "HOT_PATH" in r.getMessage()]
-assert len(said) == 1 and said[0].levelno == logging.INFO, [r.getMessage() for r in records]
-print("without a compiler: HOT_PATH == 'python', said once at INFO")
+said = [r for r in records if "pure-Python path" in r.getMessage()]
+assert len(said) == 1 and said[0].levelno == logging.WARNING, [r.getMessage() for r in records]
+print("without a compiler: HOT_PATH == 'python', said once as a warning")
 """
 
 
 def sdist_without_compiler(session: nox.Session, sdist: pathlib.Path) -> None:
     """nvrx-straggler's sdist installs where no C compiler works (``CC=false``) and
-    runs its Python path, saying so once at import (no torch needed for that part)."""
+    runs its Python path, warning once at import (no torch needed for that part)."""
     venv = pathlib.Path(session.create_tmp()) / "no-compiler"
     shutil.rmtree(venv, ignore_errors=True)
     session.run(sys.executable, "-m", "venv", str(venv), external=True)

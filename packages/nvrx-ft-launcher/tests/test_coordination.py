@@ -70,6 +70,15 @@ def store(request: pytest.FixtureRequest) -> Store:
     )
 
 
+def _own_client(store: Store) -> Store:
+    """Another node's connection to the same store."""
+    if isinstance(store, TCPStore):
+        return TCPStore(
+            "127.0.0.1", store.port, is_master=False, timeout=datetime.timedelta(seconds=10)
+        )
+    return store
+
+
 def _restart(node: str) -> object:
     def make(state: JobState) -> Decision:
         return Decision(
@@ -506,7 +515,9 @@ def test_a_timeline_counted_before_it_is_written_is_still_read(
 
     monkeypatch.setattr(_coordination, "_TIMELINE_WRITE_S", 30.0)  # a loaded machine's 0.5 s
     writer = JobCoordinator(store, "job", "a")
-    late = JobCoordinator(store, "job", "b")
+    # Node b has its own connection, as another launcher does: one TCPStore client
+    # serves one call at a time, so b's write would queue behind a's wait.
+    late = JobCoordinator(_own_client(store), "job", "b")
     writer.publish_timeline(3, '{"node": "a"}')
     prefixed = PrefixStore("nvrx.launcher.job", store)
     assert prefixed.add("cycle/3/timelines", 1) == 2  # b's index, as publish_timeline takes it
