@@ -390,3 +390,36 @@ def test_tree_round_trip_property(node_dir: pathlib.Path) -> None:
 
     check()
     lc.close()
+
+
+def test_save_copies_now_across_layout_changes(node_dir: pathlib.Path) -> None:
+    # The save reuses its layout and destination views while the tensors keep their
+    # dtypes and shapes; it must still copy the values of the moment, follow a state
+    # whose layout changes (grown slots are mapped again), and copy strided, conjugate
+    # and grad-requiring tensors as they read.
+    lc = LocalCheckpoints(settings(node_dir))
+    w = torch.zeros(64, requires_grad=True)
+    z = torch.complex(torch.arange(4.0), torch.ones(4)).conj()
+    for it in range(6):
+        with torch.no_grad():
+            w.fill_(float(it))
+        size = 1000 if it < 3 else 300_000  # grows past the slots' first size
+        state = {
+            "w": w,
+            "z": z,
+            "t": torch.arange(6.0).reshape(2, 3).t(),
+            "big": torch.full((size,), it),
+        }
+        assert lc.save(it, state)
+        expect = {k: v.detach().clone() for k, v in state.items()}
+        with torch.no_grad():
+            w.add_(100.0)  # after the call: not in the snapshot
+        assert lc.wait(30)
+        reader = LocalCheckpoints(settings(node_dir))
+        got = reader.restore()
+        reader.close()
+        assert got.iteration == it
+        assert got.state is not None
+        assert_same(expect, got.state)
+        assert not got.state["z"].is_conj()
+    lc.close()
