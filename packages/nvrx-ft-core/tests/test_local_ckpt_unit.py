@@ -94,10 +94,33 @@ def test_tree_round_trip_keeps_types_and_tensors() -> None:
     assert_same(state, back)
 
 
-@pytest.mark.parametrize("bad", [object(), {1.5j: 1}, {"f": lambda: 0}, {"s": {1, 2}}])
+def _deep(n: int) -> Any:
+    out: Any = 0
+    for _ in range(n):
+        out = [out]
+    return out
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        object(),
+        {1.5j: 1},
+        {"f": lambda: 0},
+        {"s": {1, 2}},
+        {"m": {"sparse": torch.eye(3).to_sparse()}},
+        {"deep": _deep(80)},
+    ],
+)
 def test_tree_refuses_what_needs_pickle(bad: Any) -> None:
-    with pytest.raises(TypeError):
-        _tree.flatten(bad if isinstance(bad, dict) else {"x": bad})
+    state = bad if isinstance(bad, dict) else {"x": bad}
+    with pytest.raises(TypeError) as slow:
+        _tree.flatten(state)
+    # The save's one-pass walk refuses the same states, with the same message.
+    with pytest.raises(TypeError) as fast:
+        _tree.flatten_for_save(state)
+    assert str(fast.value) == str(slow.value)
+    _tree.flatten_for_save({"ok": _deep(60)})
 
 
 # -- format -----------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ __all__: list[str] = []
 
 Json = Any  # a value json.dumps accepts
 _MAX_DEPTH = 64
+_QUANTIZED = frozenset((torch.qint8, torch.quint8, torch.qint32, torch.quint4x2, torch.quint2x4))
 
 
 def _key_ok(key: object) -> bool:
@@ -84,10 +85,11 @@ def flatten_for_save(
         if depth > _MAX_DEPTH:
             raise _Unkept
         if isinstance(value, tensor_type):
-            if value.layout is not strided or value.is_quantized:
+            dtype = value.dtype
+            if value.layout is not strided or dtype in _QUANTIZED:
                 raise _Unkept
             tensors.append(value)
-            keys.append((value.dtype, value.shape, value.device.type))
+            keys.append((dtype, value.shape, "cpu" if value.is_cpu else value.device.type))
             return {"T": len(tensors) - 1}
         if value is None or type(value) in plain:
             return {"v": value}
