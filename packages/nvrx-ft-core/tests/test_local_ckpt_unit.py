@@ -94,8 +94,8 @@ def test_tree_round_trip_keeps_types_and_tensors() -> None:
     assert_same(state, back)
 
 
-def _deep(n: int) -> Any:
-    out: Any = 0
+def _deep(n: int, leaf: Any = 0) -> Any:
+    out: Any = leaf
     for _ in range(n):
         out = [out]
     return out
@@ -110,6 +110,7 @@ def _deep(n: int) -> Any:
         {"s": {1, 2}},
         {"m": {"sparse": torch.eye(3).to_sparse()}},
         {"deep": _deep(80)},
+        {"deep": _deep(63, {"t": torch.ones(1)})},  # a tensor one level too deep
     ],
 )
 def test_tree_refuses_what_needs_pickle(bad: Any) -> None:
@@ -120,7 +121,7 @@ def test_tree_refuses_what_needs_pickle(bad: Any) -> None:
     with pytest.raises(TypeError) as fast:
         _tree.flatten_for_save(state)
     assert str(fast.value) == str(slow.value)
-    _tree.flatten_for_save({"ok": _deep(60)})
+    _tree.flatten_for_save({"ok": _deep(62, {"t": torch.ones(1)})})
 
 
 # -- format -----------------------------------------------------------------------------------
