@@ -94,10 +94,34 @@ def test_tree_round_trip_keeps_types_and_tensors() -> None:
     assert_same(state, back)
 
 
-@pytest.mark.parametrize("bad", [object(), {1.5j: 1}, {"f": lambda: 0}, {"s": {1, 2}}])
+def _deep(n: int, leaf: Any = 0) -> Any:
+    out: Any = leaf
+    for _ in range(n):
+        out = [out]
+    return out
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        object(),
+        {1.5j: 1},
+        {"f": lambda: 0},
+        {"s": {1, 2}},
+        {"m": {"sparse": torch.eye(3).to_sparse()}},
+        {"deep": _deep(80)},
+        {"deep": _deep(63, {"t": torch.ones(1)})},  # a tensor one level too deep
+    ],
+)
 def test_tree_refuses_what_needs_pickle(bad: Any) -> None:
-    with pytest.raises(TypeError):
-        _tree.flatten(bad if isinstance(bad, dict) else {"x": bad})
+    state = bad if isinstance(bad, dict) else {"x": bad}
+    with pytest.raises(TypeError) as slow:
+        _tree.flatten(state)
+    # The save's one-pass walk refuses the same states, with the same message.
+    with pytest.raises(TypeError) as fast:
+        _tree.flatten_for_save(state)
+    assert str(fast.value) == str(slow.value)
+    _tree.flatten_for_save({"ok": _deep(62, {"t": torch.ones(1)})})
 
 
 # -- format -----------------------------------------------------------------------------------
@@ -389,4 +413,37 @@ def test_tree_round_trip_property(node_dir: pathlib.Path) -> None:
         assert_same(state, got.state)
 
     check()
+    lc.close()
+
+
+def test_save_copies_now_across_layout_changes(node_dir: pathlib.Path) -> None:
+    # The save reuses its layout and destination views while the tensors keep their
+    # dtypes and shapes; it must still copy the values of the moment, follow a state
+    # whose layout changes (grown slots are mapped again), and copy strided, conjugate
+    # and grad-requiring tensors as they read.
+    lc = LocalCheckpoints(settings(node_dir))
+    w = torch.zeros(64, requires_grad=True)
+    z = torch.complex(torch.arange(4.0), torch.ones(4)).conj()
+    for it in range(6):
+        with torch.no_grad():
+            w.fill_(float(it))
+        size = 1000 if it < 3 else 300_000  # grows past the slots' first size
+        state = {
+            "w": w,
+            "z": z,
+            "t": torch.arange(6.0).reshape(2, 3).t(),
+            "big": torch.full((size,), it),
+        }
+        assert lc.save(it, state)
+        expect = {k: v.detach().clone() for k, v in state.items()}
+        with torch.no_grad():
+            w.add_(100.0)  # after the call: not in the snapshot
+        assert lc.wait(30)
+        reader = LocalCheckpoints(settings(node_dir))
+        got = reader.restore()
+        reader.close()
+        assert got.iteration == it
+        assert got.state is not None
+        assert_same(expect, got.state)
+        assert not got.state["z"].is_conj()
     lc.close()

@@ -11,6 +11,8 @@ import concurrent.futures
 import dataclasses
 import datetime
 import logging
+import math
+import mmap
 import os
 import pathlib
 import socket
@@ -62,6 +64,62 @@ class _Valid:
     nbytes: int
     view: memoryview
     manifest: _format.Manifest
+
+
+@dataclasses.dataclass
+class _Layout:
+    """Where a state's tensors go in a slot, kept while their dtypes, shapes and devices
+    stay the same (a training state's do), so a save computes nothing but the copy.
+
+    ``views[slot]`` are typed tensors over that slot's mapping, one per CPU tensor with
+    bytes, shaped like it: one ``copy_`` per tensor, strided sources included.
+    """
+
+    key: list[_tree.TensorKey]
+    entries: list[_format.TensorEntry]
+    data_end: int
+    parts: list[tuple[str, str]]  # each entry's JSON around its CRC
+    parts_len: int  # their most bytes with CRCs
+    spans: list[tuple[int, int]]  # (offset, nbytes) of every entry, for the CRCs
+    cpu: list[int]  # indices of the CPU tensors with bytes
+    cuda: list[tuple[int, int]]  # (offset, nbytes) of the other tensors with bytes
+    views: dict[int, tuple[mmap.mmap, list[torch.Tensor]]] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def of(cls, key: list[_tree.TensorKey]) -> _Layout:
+        entries = []
+        pos = _format.PREAMBLE_SIZE
+        for dtype, shape, device in key:
+            nbytes = math.prod(shape) * dtype.itemsize
+            entries.append(
+                _format.TensorEntry(_format.dtype_name(dtype), tuple(shape), pos, nbytes, 0, device)
+            )
+            pos = _format.align(pos + nbytes)
+        parts = [_format.entry_parts(e) for e in entries]
+        return cls(
+            key=key,
+            entries=entries,
+            data_end=pos,
+            parts=parts,
+            parts_len=_format.parts_bound(parts),
+            spans=[(e.offset, e.nbytes) for e in entries],
+            cpu=[i for i, e in enumerate(entries) if e.nbytes and e.device == "cpu"],
+            cuda=[(e.offset, e.nbytes) for e in entries if e.nbytes and e.device != "cpu"],
+        )
+
+    def views_in(self, slot_idx: int, mm: mmap.mmap) -> list[torch.Tensor]:
+        """The destination tensors of the CPU tensors in this slot's mapping."""
+        have = self.views.get(slot_idx)
+        if have is not None and have[0] is mm:
+            return have[1]
+        raw = torch.frombuffer(mm, dtype=torch.uint8)
+        out = []
+        for i in self.cpu:
+            e = self.entries[i]
+            dtype, shape, _device = self.key[i]
+            out.append(raw[e.offset : e.offset + e.nbytes].view(dtype).view(shape))
+        self.views[slot_idx] = (mm, out)
+        return out
 
 
 def _node_key() -> int:
@@ -143,6 +201,10 @@ class Engine:
         self.writer = Writer()
         self.replicator: Replicator | None = None
         self._staging: torch.Tensor | None = None
+        self._layout: _Layout | None = None
+        self._head_prefix = _format.head_prefix(
+            job=self.job, owner=self.rank, world_size=self.world_size
+        )
         self._stream: Any = None
         self._closed = False
         self.last_saved: int | None = None
@@ -187,24 +249,17 @@ class Engine:
                 iteration,
             )
             return False
-        tree, tensors, _paths = _tree.flatten(state)
-        offsets, data_end = _format.layout(tensors)
+        tree, tensors, key = _tree.flatten_for_save(state)
+        lay = self._layout
+        if lay is None or lay.key != key:
+            lay = self._layout = _Layout.of(key)
         wall = time.time()  # wall clock: label
-        entries = [
-            _format.TensorEntry(
-                _format.dtype_name(t.dtype),
-                tuple(t.shape),
-                off,
-                t.numel() * t.element_size(),
-                0xFFFFFFFF,
-                t.device.type,
-            )
-            for t, off in zip(tensors, offsets, strict=True)
-        ]
-        bound = len(self._manifest(iteration, wall, tree, entries)) + _MANIFEST_SLACK
+        head = _format.manifest_head(self._head_prefix, iteration, wall)
+        tree_json = _format.encode_tree(tree)
+        bound = _format.manifest_bound(head, tree_json, lay.parts_len) + _MANIFEST_SLACK
         slot_idx = self.store.write_slot(self.rank)
         try:
-            slot = self.store.open_slot(self.rank, slot_idx, data_end + bound)
+            slot = self.store.open_slot(self.rank, slot_idx, lay.data_end + bound)
         except NoSpace as exc:
             self.skipped += 1
             self._warn("space", "local checkpoint of iteration %d skipped: %s", iteration, exc)
@@ -213,24 +268,14 @@ class Engine:
             self.skipped += 1
             self._warn("oserror", "local checkpoint of iteration %d skipped: %s", iteration, exc)
             return False
-        dst = torch.frombuffer(slot.mm, dtype=torch.uint8) if slot.size else torch.empty(0)
-        cuda_parts: list[tuple[int, int]] = []
+        if lay.cpu:
+            srcs = [tensors[i] for i in lay.cpu]
+            with torch.no_grad():
+                torch._foreach_copy_(lay.views_in(slot_idx, slot.mm), srcs)
         event: Any = None
-        for t, e in zip(tensors, entries, strict=True):
-            if e.nbytes == 0:
-                continue
-            if t.device.type == "cpu":
-                dst[e.offset : e.offset + e.nbytes].copy_(_flat_bytes(t))
-            else:
-                cuda_parts.append((e.offset, e.nbytes))
-        if cuda_parts:
-            event = self._copy_from_devices(tensors, entries, data_end)
-        job_entries = entries
-        self.writer.submit(
-            lambda: self._finish(
-                slot_idx, iteration, wall, tree, job_entries, data_end, cuda_parts, event
-            )
-        )
+        if lay.cuda:
+            event = self._copy_from_devices(tensors, lay.entries, lay.data_end)
+        self.writer.submit(lambda: self._finish(slot_idx, iteration, head, tree_json, lay, event))
         self.last_saved = iteration
         self.saves += 1
         return True
@@ -260,30 +305,16 @@ class Engine:
         torch.cuda.current_stream().wait_event(event)
         return event
 
-    def _manifest(
-        self, iteration: int, wall: float, tree: Any, entries: list[_format.TensorEntry]
-    ) -> bytes:
-        return _format.encode_manifest(
-            job=self.job,
-            owner=self.rank,
-            world_size=self.world_size,
-            iteration=iteration,
-            wall=wall,
-            tree=tree,
-            entries=entries,
-        )
-
     def _finish(
         self,
         slot_idx: int,
         iteration: int,
-        wall: float,
-        tree: Any,
-        entries: list[_format.TensorEntry],
-        data_end: int,
-        cuda_parts: list[tuple[int, int]],
+        head: str,
+        tree_json: str,
+        lay: _Layout,
         event: Any,
     ) -> None:
+        """On the writer thread: checksums, manifest, preamble (last), replication."""
         slot = self.store.mapped(self.rank, slot_idx)
         assert slot is not None
         view = slot.view()
@@ -291,13 +322,12 @@ class Engine:
             event.synchronize()
             assert self._staging is not None
             dst = torch.frombuffer(slot.mm, dtype=torch.uint8)
-            for off, n in cuda_parts:
+            for off, n in lay.cuda:
                 dst[off : off + n].copy_(self._staging[off : off + n])
-        done = [
-            dataclasses.replace(e, crc=zlib.crc32(view[e.offset : e.offset + e.nbytes]))
-            for e in entries
-        ]
-        manifest = self._manifest(iteration, wall, tree, done)
+        crc32 = zlib.crc32  # releases the GIL over more than 5 KiB
+        crcs = [crc32(view[off : off + n]) for off, n in lay.spans]
+        manifest = _format.join_manifest(head, tree_json, lay.parts, crcs)
+        data_end = lay.data_end
         total = data_end + len(manifest)
         if total > slot.size:
             raise RuntimeError("manifest outgrew its reserved room")  # never: bound is an upper one
@@ -342,6 +372,7 @@ class Engine:
         self.writer.close(5.0)
         if self.replicator is not None:
             self.replicator.close()
+        self._layout = None  # its views pin the slots' mappings
         self.store.close()
 
     # -- restore ----------------------------------------------------------------------------

@@ -119,17 +119,62 @@ def encode_manifest(
     entries: list[TensorEntry],
 ) -> bytes:
     """The manifest's JSON bytes."""
-    doc = {
-        "format": FORMAT_VERSION,
-        "job": job,
-        "owner": owner,
-        "world_size": world_size,
-        "iteration": iteration,
-        "wall": wall,
-        "tree": tree,
-        "tensors": [[e.dtype, list(e.shape), e.offset, e.nbytes, e.crc, e.device] for e in entries],
-    }
-    return json.dumps(doc, separators=(",", ":")).encode("utf-8")
+    head = manifest_head(head_prefix(job=job, owner=owner, world_size=world_size), iteration, wall)
+    parts = [entry_parts(e) for e in entries]
+    return join_manifest(head, encode_tree(tree), parts, [e.crc for e in entries])
+
+
+# The manifest is spliced from pieces so that a save encodes on the training thread only
+# what it must (the head and the tree, to reserve room) and the writer thread adds the
+# checksums without encoding anything again. The bytes are those of ``json.dumps`` of
+# {"format", "job", "owner", "world_size", "iteration", "wall", "tree", "tensors"}.
+_SEP = (",", ":")
+CRC_DIGITS = 10  # str(0xFFFFFFFF)
+
+
+def head_prefix(*, job: str, owner: int, world_size: int) -> str:
+    """The start of the manifest's JSON, the same for every save of one owner."""
+    doc = {"format": FORMAT_VERSION, "job": job, "owner": owner, "world_size": world_size}
+    return json.dumps(doc, separators=_SEP)[:-1] + ","
+
+
+def manifest_head(prefix: str, iteration: int, wall: float) -> str:
+    """The manifest's JSON up to (not including) the tree."""
+    if not math.isfinite(wall):
+        raise ValueError(f"wall time {wall!r}")
+    return f'{prefix}"iteration":{int(iteration)},"wall":{float(wall)!r}'
+
+
+def encode_tree(tree: Any) -> str:
+    """The state tree's JSON."""
+    return json.dumps(tree, separators=_SEP)
+
+
+def entry_parts(e: TensorEntry) -> tuple[str, str]:
+    """One tensor entry's JSON before and after its CRC (which the writer fills in)."""
+    return (
+        json.dumps([e.dtype, list(e.shape), e.offset, e.nbytes], separators=_SEP)[:-1] + ",",
+        "," + json.dumps(e.device) + "]",
+    )
+
+
+def parts_bound(parts: list[tuple[str, str]]) -> int:
+    """The most bytes the tensor entries of :func:`join_manifest` take (any CRCs)."""
+    return sum(len(a) + len(b) + CRC_DIGITS + 1 for a, b in parts)
+
+
+def manifest_bound(head: str, tree_json: str, parts_len: int) -> int:
+    """The most bytes :func:`join_manifest` gives for these pieces (any CRCs);
+    ``parts_len`` is :func:`parts_bound` of the entries."""
+    return len((head + tree_json).encode("utf-8")) + parts_len + len(',"tree":,"tensors":[]}')
+
+
+def join_manifest(
+    head: str, tree_json: str, parts: list[tuple[str, str]], crcs: list[int]
+) -> bytes:
+    """The manifest's bytes from its pieces and each tensor's CRC32."""
+    tensors = ",".join(f"{a}{c}{b}" for (a, b), c in zip(parts, crcs, strict=True))
+    return f'{head},"tree":{tree_json},"tensors":[{tensors}]}}'.encode()
 
 
 def encode_preamble(pre: Preamble) -> bytes:

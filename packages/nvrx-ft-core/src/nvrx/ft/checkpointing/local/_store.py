@@ -159,13 +159,13 @@ class Store:
 
         NoSpace / OSError when it cannot be had; the slot is then left invalid or as it was.
         """
-        self.ensure_dir()
         key = (owner, slot)
         cur = self._slots.get(key)
         if cur is not None and cur.size >= size:
             cur.mm[: len(_ZERO_PREAMBLE)] = _ZERO_PREAMBLE
             self._forget_if_newest(owner, slot)
             return cur
+        self.ensure_dir()
         path = self.path(owner, slot)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
         have = 0

@@ -19,6 +19,7 @@ __all__: list[str] = []
 
 Json = Any  # a value json.dumps accepts
 _MAX_DEPTH = 64
+_QUANTIZED = frozenset((torch.qint8, torch.quint8, torch.qint32, torch.quint4x2, torch.quint2x4))
 
 
 def _key_ok(key: object) -> bool:
@@ -65,6 +66,63 @@ def flatten(state: Mapping[str, Any]) -> tuple[Json, list[torch.Tensor], list[st
     if not isinstance(state, Mapping):
         raise TypeError(f"the state must be a mapping, not {type(state).__name__}")
     return walk(state, "", 0), tensors, paths
+
+
+TensorKey = tuple[torch.dtype, torch.Size, str]
+
+
+def flatten_for_save(
+    state: Mapping[str, Any],
+) -> tuple[Json, list[torch.Tensor], list[TensorKey]]:
+    """:func:`flatten` for the training thread: (tree, tensors, each tensor's (dtype,
+    shape, device type)) in one pass that builds no key paths; on what cannot be kept,
+    :func:`flatten` runs again to raise its TypeError naming the key path."""
+    tensors: list[torch.Tensor] = []
+    keys: list[TensorKey] = []
+    tensor_type, strided, plain = torch.Tensor, torch.strided, (bool, int, float, str)
+
+    def walk(value: object, depth: int) -> Json:
+        if depth > _MAX_DEPTH:
+            raise _Unkept
+        if isinstance(value, tensor_type):
+            dtype = value.dtype
+            if value.layout is not strided or dtype in _QUANTIZED:
+                raise _Unkept
+            tensors.append(value)
+            keys.append((dtype, value.shape, "cpu" if value.is_cpu else value.device.type))
+            return {"T": len(tensors) - 1}
+        if value is None or type(value) in plain:
+            return {"v": value}
+        if isinstance(value, Mapping):
+            items = []
+            for k, v in value.items():
+                if not (k is None or type(k) in plain):
+                    raise _Unkept
+                items.append([k, walk(v, depth + 1)])
+            return {"d": items}
+        if type(value) is list:
+            return {"l": [walk(v, depth + 1) for v in value]}
+        if type(value) is tuple:
+            return {"t": [walk(v, depth + 1) for v in value]}
+        if isinstance(value, (bytes, bytearray)):
+            return {"b": base64.b64encode(bytes(value)).decode("ascii")}
+        if isinstance(value, torch.Size):
+            return {"S": [int(x) for x in value]}
+        if isinstance(value, torch.dtype):
+            return {"D": str(value).removeprefix("torch.")}
+        raise _Unkept
+
+    try:
+        if not isinstance(state, Mapping):
+            raise _Unkept
+        return walk(state, 0), tensors, keys
+    except _Unkept:
+        flatten(state)  # raises TypeError with the key path
+        raise TypeError("the state cannot be kept without pickle") from None
+
+
+class _Unkept(Exception):
+    """A value :func:`flatten_for_save` cannot keep (flatten says where and why)."""
 
 
 def unflatten(tree: Json, tensor_at: Callable[[int, str], torch.Tensor]) -> Any:
