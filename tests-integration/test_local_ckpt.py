@@ -93,7 +93,10 @@ def _nodes(
                     f"--ft-journal={tmp_path / f'{name}{i}.jsonl'}",
                     f"--local-ckpt-dir={bases[i]}",
                     "--local-ckpt-every-n-steps=1",
-                    "--ft-rank-heartbeat-timeout=30",  # a loaded 2-core machine
+                    # A loaded 2-core machine: DDP's first use imports torch._dynamo before
+                    # the first heartbeat (once over 30 s in CI, with other work running).
+                    "--ft-initial-rank-heartbeat-timeout=120",
+                    "--ft-rank-heartbeat-timeout=30",
                     *(extra or []),
                 ],
                 script=SCRIPT,

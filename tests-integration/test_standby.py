@@ -130,7 +130,10 @@ def test_a_standby_replaces_a_killed_node_and_training_goes_on(
     assert replaced["replaced_node"] == killed_node
     assert replaced["by_node"] == standby_node
     (decision,) = journal_events(journals[0], "decision")
-    assert decision["trigger"] == "failure"
+    # Two true facts race: the survivor's rank fails on the dead peer ("failure"), and the
+    # killed node's keep-alive lapses so the standby counts as waiting ("nodes_waiting");
+    # under load either is seen first. Both restart once, onto the standby.
+    assert decision["trigger"] in ("failure", "nodes_waiting")
     # Same world size after the replacement, and every step ran once.
     journal = runs[0].journal()
     worlds = {e["attempt"]: e["world"] for e in journal if e["event"] == "start"}

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 from typing import Any
 
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
@@ -29,6 +30,10 @@ _STDERR_TAIL_BYTES = 8 * 1024
 _STDERR_TAIL_LINES = 40
 # What torch's ProcessFailure uses for "no error file".
 _NOT_AVAILABLE = "<N/A>"
+_TRACEBACK = "Traceback (most recent call last):"
+# c10d's own log lines ("[W1203 11:51:53.009 WorkerServer.cpp:139] ...", with a
+# "[rank1]:" prefix where torch knows the rank), written as the process shuts down.
+_C10D_LOG_LINE = re.compile(r"^(\[rank\d+\]:)?\[[IWEF]\d{4} ")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,7 +100,20 @@ def _from_stderr(path: str) -> RootCause | None:
     lines = [line for line in tail.splitlines() if line.strip()][-_STDERR_TAIL_LINES:]
     if not lines:
         return None
-    return RootCause(lines[-1], "\n".join(lines), "stderr")
+    return RootCause(_exception_line(lines), "\n".join(lines), "stderr")
+
+
+def _exception_line(lines: list[str]) -> str:
+    """The ``Type: message`` line of the last traceback in ``lines``, else the last line
+    that is not one of torch's shutdown log lines (printed after the traceback)."""
+    starts = [i for i, line in enumerate(lines) if line.startswith(_TRACEBACK)]
+    if starts:
+        after = lines[starts[-1] + 1 :]
+        found = [line for line in after if not line[:1].isspace()]
+        if found:
+            return found[0]
+    own = [line for line in lines if not _C10D_LOG_LINE.match(line)]
+    return (own or lines)[-1]
 
 
 def root_cause(failure: ProcessFailure, stderr_file: str | None) -> RootCause | None:
