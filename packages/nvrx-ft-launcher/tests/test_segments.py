@@ -451,7 +451,7 @@ def test_gate_ignores_a_forged_key() -> None:
     store.add("nvrx.launcher/segments/seg/0/count", 1)
     store.set(
         "nvrx.launcher/segments/seg/0/slot/0",
-        '{"body": "{\\"node\\": \\"evil\\", \\"domain\\": \\"A\\", \\"tier\\": 0, '
+        '{"v": 1, "body": "{\\"node\\": \\"evil\\", \\"domain\\": \\"A\\", \\"tier\\": 0, '
         '\\"index\\": 0}", "mac": null}',
     )
     gates = _gates(2, "AA")
@@ -773,7 +773,7 @@ def test_unsigned_counters_from_outside_the_job_decide_nothing(tmp_path: Any) ->
             ("elected", 5),
         ):
             outsider.add(f"{p}{epoch}/{name}" if name != "elected" else p + name, by)
-        outsider.set(f"{p}{epoch}/result", '{"body": "{}", "mac": null}')
+        outsider.set(f"{p}{epoch}/result", '{"v": 1, "body": "{}", "mac": null}')
 
     forge(0)
     gates = _gates(4, "AABB")

@@ -30,9 +30,9 @@ from datetime import timedelta
 
 from torch.distributed.elastic.rendezvous import RendezvousError, RendezvousHandler, RendezvousInfo
 
-from ._job_key import sign, verify
 from ._run_nonce import run_nonce, scheduler_attempt, signed_run
 from ._segments import whole_segments
+from ._signed_store import SignedStore
 from ._torch_compat import Store
 
 __all__: list[str] = []
@@ -189,48 +189,18 @@ def _parse_published(text: bytes | str) -> _Published:
     return _Published(InfraKey.from_json(json.dumps(data)), node, prev, segment)
 
 
-def _context(run_id: str, name: str) -> str:
-    # run_id is the signed run (:func:`._run_nonce.signed_run`): run id and nonce.
-    return f"nvrx.launcher/v1/{run_id}/{name}"
-
-
-def _seal(key: bytes | None, run_id: str, name: str, body: str) -> str:
-    """``body`` in an envelope, signed with the job key (bound to run id and store key)."""
-    mac = None if key is None else sign(key, _context(run_id, name), body.encode("utf-8"))
-    return json.dumps({"body": body, "mac": mac})
-
-
-def _unseal(key: bytes | None, run_id: str, name: str, raw: bytes | str) -> str:
-    """The body of an envelope from the store; ValueError unless well formed (and signed)."""
-    try:
-        data = json.loads(raw)
-    except ValueError:
-        raise ValueError(f"{name}: not an envelope") from None
-    if not isinstance(data, dict) or set(data) != {"body", "mac"}:
-        raise ValueError(f"{name}: not an envelope")
-    body, mac = data["body"], data["mac"]
-    if not isinstance(body, str):
-        raise ValueError(f"{name}: not an envelope")
-    if key is not None and not (
-        isinstance(mac, str) and verify(key, _context(run_id, name), body.encode("utf-8"), mac)
-    ):
-        raise ValueError(f"{name}: missing or wrong MAC (not written with this job's key)")
-    return body
-
-
-def _gather(store: Store, world_size: int, key: bytes | None, run_id: str) -> list[_Published]:
+def _gather(signed: SignedStore, world_size: int) -> list[_Published]:
     """Every node's published key and id (torch's rank 0 only: one wait, one multi_get)."""
     names = [f"{_KEY}{r}" for r in range(world_size)]
-    store.wait(names, timedelta(seconds=_WAIT_S))
+    signed.store.wait(names, timedelta(seconds=_WAIT_S))
     found = []
-    for r, raw in enumerate(store.multi_get(names)):
-        try:
-            found.append(_parse_published(_unseal(key, run_id, names[r], raw)))
-        except ValueError as exc:
-            # A value nobody of this job wrote: that node will not find itself in the
-            # result, and its round fails (RendezvousError) instead of running twice.
-            logger.warning("ignoring the group rank key of rendezvous rank %d: %s", r, exc)
-            found.append(_Published(InfraKey(2, r), f"rendezvous-rank-{r}", None))
+    for r, raw in enumerate(signed.store.multi_get(names)):
+        published = signed.parse(names[r], raw, _parse_published)
+        if published is None:
+            # A value nobody of this job wrote (logged): that node will not find itself
+            # in the result, and its round fails (RendezvousError) instead of running twice.
+            published = _Published(InfraKey(2, r), f"rendezvous-rank-{r}", None)
+        found.append(published)
     return found
 
 
@@ -303,10 +273,11 @@ def _align(
     """
     name = f"{_KEY}{torch_rank}"
     deadline = time.monotonic() + _WAIT_S
+    signed = SignedStore(store, key, run_id)
     try:
-        store.set(name, _seal(key, run_id, name, _published(mine, node, previous, segment)))
+        signed.set(name, _published(mine, node, previous, segment))
         if torch_rank == 0:
-            found = _gather(store, world_size, key, run_id)
+            found = _gather(signed, world_size)
             keys = [p.key for p in found]
             prev = [p.previous for p in found]
             ranks = stable_ranks(keys, prev) if stable else aligned_ranks(keys)
@@ -317,13 +288,13 @@ def _align(
                 body = json.dumps({"error": refusal})
             else:
                 body = json.dumps({"nodes": [[p.node, ranks[r]] for r, p in enumerate(found)]})
-            store.set(_RESULT, _seal(key, run_id, _RESULT, body))
+            signed.set(_RESULT, body)
         said = False
         while True:
             left = deadline - time.monotonic()
             store.wait([_RESULT], timedelta(seconds=max(0.1, left)))
             try:
-                body = _unseal(key, run_id, _RESULT, store.get(_RESULT))
+                body = signed.unseal(_RESULT, store.get(_RESULT))
                 return _parse_result(body, world_size, torch_rank, node)
             except _RoundRefused as exc:
                 raise RendezvousError(f"torch's rank 0 refused the round: {exc}") from None
