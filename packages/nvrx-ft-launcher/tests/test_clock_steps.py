@@ -72,7 +72,7 @@ def test_hang_evidence_wait_ends_on_time_when_the_wall_clock_steps_back(
         _agent, "time", types.SimpleNamespace(monotonic=clock.monotonic, time=clock.time)
     )
     agent = object.__new__(_agent.FtAgent)
-    cycle = _agent._Cycle(number=0, started=clock.time(), progress=None)
+    cycle = _agent._CycleState(number=0, started=clock.time(), progress=None)
     report = MonitorEvent(
         event="rank_terminated", local_rank=0, rank=0, pid=1, cause="heartbeat_timeout"
     )

@@ -10,13 +10,8 @@ from torch._C._distributed_c10d import TCPStore
 from torch.distributed.elastic.rendezvous import RendezvousError
 
 from nvrx.launcher import _group_rank
-from nvrx.launcher._group_rank import (
-    InfraKey,
-    _align,
-    _published,
-    aligned_ranks,
-    infra_key,
-)
+from nvrx.launcher._group_rank import _align, _published, aligned_ranks
+from nvrx.launcher._scheduler_order import InfraKey, infra_key
 from nvrx.launcher._signed_store import seal
 
 

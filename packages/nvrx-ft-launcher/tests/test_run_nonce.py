@@ -14,8 +14,9 @@ from test_coordination import EtcdLikeStore, _restart  # type: ignore[import-not
 from torch._C._distributed_c10d import PrefixStore, Store, TCPStore
 
 from nvrx.launcher._coordination import Action, JobCoordinator, JobState
-from nvrx.launcher._group_rank import InfraKey, _align, _published
+from nvrx.launcher._group_rank import _align, _published
 from nvrx.launcher._run_nonce import run_nonce, scheduler_attempt, signed_run
+from nvrx.launcher._scheduler_order import InfraKey
 from nvrx.launcher._signed_store import seal
 
 KEY = b"k" * 32

@@ -46,9 +46,9 @@ from nvrx.ft._termination import STACK_DUMP_PAUSE_S
 from . import _torch_compat as compat
 from . import goodput
 from ._cluster import ClusterOptions
+from ._cluster_steps import ClusterSteps
 from ._coordination import Decision, JobCoordinator, JobState
 from ._culprit import CulpritFinding, RankEvidence, find_culprit
-from ._cycle_steps import CycleSteps
 from ._deterministic import FailureSignature, RankOutcome, cycle_signature, repeats
 from ._events import (
     AllNodesFinished,
@@ -74,6 +74,7 @@ from ._events import (
     WorkloadControl,
 )
 from ._job_key import KEY_ENV, KEY_FILE_ENV, load_job_key
+from ._launcher_exit import LauncherExit
 from ._local_ckpt import RestoreWatch
 from ._monitors import MonitorSupervisor
 from ._numa import NumaPlan
@@ -87,7 +88,7 @@ from ._torch_compat import Store
 from .exit_codes import ExitCode
 from .metrics import NULL_RECORDER, NullRecorder
 
-__all__ = ["FtAgent", "LauncherExit", "RestartPolicy"]
+__all__ = ["FtAgent", "RestartPolicy"]
 
 logger = logging.getLogger("nvrx.launcher")
 
@@ -104,16 +105,8 @@ _GOODPUT_EXCHANGE_WAIT_S = 5.0
 _HANG_EVIDENCE_WAIT_S = STACK_DUMP_PAUSE_S + 1.0
 
 
-class LauncherExit(Exception):
-    """Ends the launcher with ``code`` after the workers were stopped."""
-
-    def __init__(self, code: int, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-
-
 @dataclasses.dataclass
-class _Cycle:
+class _CycleState:
     """What happened in the current cycle on this node."""
 
     number: int
@@ -279,7 +272,7 @@ class FtAgent(LocalElasticAgent):
         recorder.journal.on_record = self._account
         self._coord: JobCoordinator | None = None
         self._state = JobState()
-        self._cycle = _Cycle(number=0, started=time.time(), progress=None)  # wall clock: label
+        self._cycle = _CycleState(number=0, started=time.time(), progress=None)  # wall clock: label
         #: The last failed cycle's deterministic-looking failure (see ._deterministic).
         self._last_signature: FailureSignature | None = None
         self._rank_pids = _RankPids()
@@ -292,7 +285,7 @@ class FtAgent(LocalElasticAgent):
         self._spares = spares
         self._cycle_started = False
         # Health checks, GPU memory wait, NUMA record, cycle-info file, aligned ranks.
-        self._steps = CycleSteps(
+        self._steps = ClusterSteps(
             cluster or ClusterOptions(),
             recorder,
             self._node,
@@ -536,7 +529,7 @@ class FtAgent(LocalElasticAgent):
         self._steps.before_start(self._state.cycle, restart=self._cycle_started)
         if self._cycle_started:  # a report the last cycle's rank 0 wrote just before it ended
             self._read_straggler_scores(now=True)
-        self._cycle = _Cycle(
+        self._cycle = _CycleState(
             number=self._state.cycle,
             started=time.time(),  # wall clock: label
             progress=read_progress(self._policy.progress_file),

@@ -4,7 +4,7 @@ Every fact the launcher reports about a run is one of the dataclasses below, wri
 to the journal (``--ft-journal``) by :class:`Recorder`. The cycle log
 (``--ft-cycle-log``: one record per cycle end) is not written separately: the recorder
 derives each of its records from the journal events that end a cycle
-(:class:`CycleLog`), and ``CycleLog`` applied to a journal file offline gives the same
+(:class:`CycleLogDeriver`), and ``CycleLogDeriver`` applied to a journal file offline gives the same
 records. The record formats are versioned and described by the JSON Schemas in
 ``schemas/`` (see :mod:`.journal`).
 """
@@ -445,7 +445,7 @@ class AllNodesFinished(Event):
     cycle: int
 
 
-class CycleLog:
+class CycleLogDeriver:
     """Derives the cycle log's records from journal records, one cycle end at a time."""
 
     def __init__(self) -> None:
@@ -510,7 +510,7 @@ class Recorder:
     def __init__(self, journal: JsonLines, cycle_log: JsonLines) -> None:
         self._journal = journal
         self._cycle_log = cycle_log
-        self._cycles = CycleLog()
+        self._cycles = CycleLogDeriver()
 
     @property
     def journal(self) -> JsonLines:

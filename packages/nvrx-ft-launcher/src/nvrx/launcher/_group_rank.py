@@ -31,6 +31,8 @@ from datetime import timedelta
 from torch.distributed.elastic.rendezvous import RendezvousError, RendezvousHandler, RendezvousInfo
 
 from ._run_nonce import run_nonce, scheduler_attempt, signed_run
+from ._scheduler_order import MAX_INDEX as _MAX_INDEX
+from ._scheduler_order import InfraKey, infra_key
 from ._segments import whole_segments
 from ._signed_store import SignedStore
 from ._torch_compat import Store
@@ -45,56 +47,7 @@ _KEY = "nvrx.launcher/infra_rank/"
 _RESULT = "nvrx.launcher/group_ranks"
 #: How long a node waits for the others' keys (they publish right after the round).
 _WAIT_S = 60.0
-_MAX_INDEX = 10**7
 _POLL_S = 0.1
-
-
-@dataclasses.dataclass(frozen=True, order=True)
-class InfraKey:
-    """What orders a node: scheduler index first, then GROUP_RANK, then torch's rank.
-
-    ``tier`` is 0 for SLURM_PROCID, 1 for GROUP_RANK, 2 for neither (then ``index`` is
-    torch's rank, its stable order).
-    """
-
-    tier: int
-    index: int
-
-    def to_json(self) -> str:
-        return json.dumps({"tier": self.tier, "index": self.index})
-
-    @classmethod
-    def from_json(cls, text: bytes | str) -> InfraKey:
-        """Parse a published key; ValueError for anything but two small ints."""
-        try:
-            data = json.loads(text)
-        except ValueError:
-            raise ValueError(f"not an infra rank key: {text!r}") from None
-        if not isinstance(data, dict) or set(data) != {"tier", "index"}:
-            raise ValueError(f"not an infra rank key: {text!r}")
-        tier, index = data["tier"], data["index"]
-        if not all(type(v) is int for v in (tier, index)):
-            raise ValueError(f"not an infra rank key: {text!r}")
-        if not (0 <= tier <= 2 and 0 <= index <= _MAX_INDEX):
-            raise ValueError(f"infra rank key out of range: {text!r}")
-        return cls(tier, index)
-
-
-def _index(env: Mapping[str, str], name: str) -> int | None:
-    text = env.get(name, "").strip()
-    # ASCII digits only: str.isdigit() also passes "²", which int() refuses.
-    if not (text.isascii() and text.isdigit()) or int(text) > _MAX_INDEX:
-        return None
-    return int(text)
-
-
-def infra_key(env: Mapping[str, str], torch_rank: int) -> InfraKey:
-    """This node's key: SLURM_PROCID if set, else GROUP_RANK, else torch's rank."""
-    for tier, name in enumerate(("SLURM_PROCID", "GROUP_RANK")):
-        index = _index(env, name)
-        if index is not None:
-            return InfraKey(tier, index)
-    return InfraKey(2, torch_rank)
 
 
 def aligned_ranks(keys: Sequence[InfraKey]) -> list[int]:

@@ -29,7 +29,7 @@ import re
 import secrets
 from collections.abc import Mapping
 
-from ._cycle_records import cycle_info_attempt
+from ._cycle_info_writer import cycle_info_attempt
 from ._signed_store import SignedStore
 from ._torch_compat import PrefixStore, Store
 

@@ -43,8 +43,8 @@ from datetime import timedelta
 from torch.distributed.elastic.rendezvous import RendezvousHandler
 from torch.distributed.elastic.rendezvous.api import RendezvousTimeoutError
 
-from ._group_rank import InfraKey, infra_key
 from ._run_nonce import run_nonce, scheduler_attempt, signed_run
+from ._scheduler_order import InfraKey, infra_key
 from ._segments import Election, Member, Segment, SegmentSettings, elect
 from ._signed_store import Rejections, SignedStore
 from ._torch_compat import Store, rendezvous_nodes

@@ -44,7 +44,6 @@ the job summary (``job_goodput``); every node journals its own view (``node_good
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
 import enum
@@ -52,7 +51,6 @@ import heapq
 import itertools
 import json
 import math
-import pathlib
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, cast
@@ -71,7 +69,6 @@ __all__ = [
     "StragglerWait",
     "Timeline",
     "account",
-    "main",
     "records_of_run",
     "restart_costs",
     "writes_job_summary",
@@ -968,49 +965,7 @@ class Ledger:
         return Timeline.from_records(self._records)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m nvrx.launcher.goodput JOURNAL``: the job summary (and ``--trace`` timeline)."""
-    parser = argparse.ArgumentParser(
-        prog="python -m nvrx.launcher.goodput",
-        description="Goodput and ETTR of a job from its ft_launcher journal.",
-    )
-    parser.add_argument("journal", help="the --ft-journal file (JSON lines)")
-    parser.add_argument("--run-id", help="only the launchers of this run (a shared file)")
-    parser.add_argument("--json", action="store_true", help="print the summary as JSON")
-    parser.add_argument(
-        "--trace",
-        metavar="FILE",
-        help="also write the job's timeline to FILE as Chrome trace-event JSON (Perfetto)",
-    )
-    args = parser.parse_args(argv)
-    try:
-        with open(args.journal, encoding="utf-8", errors="replace") as f:
-            text = f.read()
-    except OSError as exc:
-        parser.error(f"journal {args.journal!r}: {exc.strerror}")
-    records: list[Mapping[str, Any]] = []
-    for line in text.splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue  # a line cut short by a crash
-        if isinstance(record, dict):
-            records.append(record)
-    if args.run_id is not None:
-        records = records_of_run(records, args.run_id)
-    summary = account(records)
-    sys.stdout.write((summary.dumps() if args.json else summary.format()) + "\n")
-    if args.trace is not None:
-        from nvrx.ft import write_file_atomically
-        from nvrx.launcher._trace import job_trace
+if __name__ == "__main__":  # python -m nvrx.launcher.goodput (the CLI lives apart)
+    from nvrx.launcher._goodput_cli import main
 
-        trace = job_trace(records, job=args.run_id or pathlib.Path(args.journal).name)
-        try:
-            write_file_atomically(args.trace, json.dumps(trace), mode=0o600, durable=False)
-        except OSError as exc:
-            parser.error(f"--trace {args.trace!r}: {exc.strerror}")
-    return 0
-
-
-if __name__ == "__main__":
     sys.exit(main())

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from nvrx.ft import MonitorEvent
-from nvrx.launcher._agent import _Cycle, _RankPids
+from nvrx.launcher._agent import _CycleState, _RankPids
 
 
 def _request(action: str, rank: int) -> MonitorEvent:
@@ -14,7 +14,7 @@ def _request(action: str, rank: int) -> MonitorEvent:
 
 def test_requests_are_kept_for_the_cycle_first_of_each_kind() -> None:
     """A request drained while the agent waits for hang evidence is still acted on after."""
-    cycle = _Cycle(number=3, started=0.0, progress=None)
+    cycle = _CycleState(number=3, started=0.0, progress=None)
     assert (cycle.shutdown_request, cycle.exclude_request) == (None, None)
     cycle.note_request(_request("ExcludeThisNode", 1))
     cycle.note_request(_request("ShutdownWorkload", 2))

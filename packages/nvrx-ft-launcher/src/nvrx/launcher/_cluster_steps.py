@@ -3,10 +3,10 @@
 - before each rendezvous (the first and every restart): the node health checks;
 - before each start of the ranks: the GPU memory wait (restarts only), the NUMA
   binding's journal record, and the ``cycle_start`` record (the cycle-info file's start);
-- for every journal record: the cycle-info file (:class:`~._cycle_records.CycleInfoSink`).
+- for every journal record: the cycle-info file (:class:`~._cycle_info_writer.CycleInfoWriter`).
 
 Each step journals what it found through the agent's Recorder; none is a special case
-in the agent, which only calls :class:`CycleSteps` at those points.
+in the agent, which only calls :class:`ClusterSteps` at those points.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from nvrx.ft import CycleGoodput
 
 from ._app_logs import cycle_log_paths
 from ._cluster import ClusterOptions
-from ._cycle_records import CycleInfoSink, cycle_info_attempt, cycle_info_job_id
+from ._cycle_info_writer import CycleInfoWriter, cycle_info_attempt, cycle_info_job_id
 from ._events import (
     CycleStarted,
     GpuMemoryReclaim,
@@ -42,6 +42,7 @@ from ._events import (
 )
 from ._gpu_memory import GpuMemoryWatch
 from ._group_rank import GroupRankAligner
+from ._launcher_exit import LauncherExit
 from ._node_health import NodeHealth, NodeHealthChecker
 from ._numa import NumaPlan
 from ._segment_gate import (
@@ -74,7 +75,7 @@ _HOST_GRACE_S = 3.0
 _HOST_IDLE_S = 60.0
 
 
-class CycleSteps:
+class ClusterSteps:
     """What the cluster features do at each step of a cycle, for one launcher."""
 
     def __init__(
@@ -109,11 +110,11 @@ class CycleSteps:
         self._health = NodeHealthChecker(options.health) if options.health.any else None
         self._numa = numa
         self._gpu = GpuMemoryWatch(options.gpu_memory)
-        self.cycle_info: CycleInfoSink | None = None
+        self.cycle_info: CycleInfoWriter | None = None
         if options.cycle_info_dir is not None:
             job_id = cycle_info_job_id(options.cycle_info_job_id, os.environ)
             prefix = options.applog_prefix
-            self.cycle_info = CycleInfoSink(
+            self.cycle_info = CycleInfoWriter(
                 options.cycle_info_dir,
                 job_id,
                 cycle_info_attempt(os.environ),
@@ -226,8 +227,6 @@ class CycleSteps:
         handler.next_rendezvous = next_rendezvous  # type: ignore[method-assign]
 
     def _segment_left(self, handler: RendezvousHandler, exc: SegmentLeave) -> NoReturn:
-        from ._agent import LauncherExit  # the agent imports this module
-
         logger.error(
             "segment %s broke and this node leaves the job with it: %s (nodes back: %s)",
             exc.segment.name,
@@ -411,8 +410,6 @@ def _serve_a_moment_if_host(store: Store) -> None:
 
 
 def _one_too_many(reason: str) -> NoReturn:
-    from ._agent import LauncherExit  # the agent imports this module
-
     raise LauncherExit(int(ExitCode.USAGE_ERROR), reason)
 
 
