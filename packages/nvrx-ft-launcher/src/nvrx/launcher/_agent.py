@@ -49,6 +49,7 @@ from ._cluster import ClusterOptions
 from ._cluster_steps import ClusterSteps
 from ._coordination import Decision, JobCoordinator, JobState
 from ._culprit import CulpritFinding, RankEvidence, find_culprit
+from ._cycle_end import End, Seen, Workers, cycle_end
 from ._deterministic import FailureSignature, RankOutcome, cycle_signature, repeats
 from ._events import (
     AllNodesFinished,
@@ -103,6 +104,13 @@ _GOODPUT_EXCHANGE_WAIT_S = 5.0
 # After a hang's first report, how long to wait for the other local ranks' reports (each
 # follows its stack dump pause), so the culprit is told from its victims.
 _HANG_EVIDENCE_WAIT_S = STACK_DUMP_PAUSE_S + 1.0
+#: torch's worker states as :func:`._cycle_end.cycle_end` reads them (others: healthy).
+_WORKERS = {
+    WorkerState.SUCCEEDED: Workers.SUCCEEDED,
+    WorkerState.FAILED: Workers.FAILED,
+    WorkerState.UNKNOWN: Workers.PIDS_MISMATCH,
+    WorkerState.UNHEALTHY: Workers.UNINTERRUPTIBLE,
+}
 
 
 @dataclasses.dataclass
@@ -705,30 +713,21 @@ class FtAgent(LocalElasticAgent):
         coord = self._coordinator()
         cycle = self._cycle.number
         decision = coord.decided(cycle)
-        if decision is not None:
-            return self._apply(decision, noticed)
-        requested = self._decide_on_request()
-        if requested is not None:
-            return self._apply(requested[0], noticed, exclusion_requested=requested[1])
-
         result = self._monitor_workers(wg)
-        repeated_error: str | None = None
-        if result.state == WorkerState.FAILED:
-            self._name_crashes(result)
-            if self._await_hang_evidence():
-                result = self._monitor_workers(wg)
-                # A request that came while waiting still wins over the failure.
-                requested = self._decide_on_request()
-                if requested is not None:
-                    return self._apply(requested[0], noticed, exclusion_requested=requested[1])
-            finding = self._attribute_hang()
-            if finding is not None:
-                causes.insert(0, "hang: " + finding.sentence)
-            causes.extend(self._describe_failures(result))
-            repeated_error = self._repeated_error(self._journal_failures(result))
-        elif result.state == WorkerState.UNKNOWN:
-            causes.append("torch's check found the worker pids do not match its process context")
-        elif result.state == WorkerState.UNHEALTHY:
+        seen = Seen(
+            decided=decision is not None,
+            shutdown_requested=self._cycle.shutdown_request is not None,
+            exclude_requested=self._cycle.exclude_request is not None,
+            workers=_WORKERS.get(result.state, Workers.HEALTHY),
+            watched_monitor_died=bool(causes),
+            nodes_waiting=self._nodes_waiting(),
+        )
+        end = cycle_end(seen)
+        if end is End.FOLLOW and decision is not None:
+            return self._apply(decision, noticed)
+        if end in (End.SHUTDOWN_REQUEST, End.EXCLUDE_REQUEST):
+            return self._apply_request(noticed)
+        if end is End.UNINTERRUPTIBLE:
             # torch's D-state check: a wedged rank holds a kernel resource (GPU, NIC) a
             # new rank on this node would conflict with, so this node leaves the job.
             reason = (
@@ -737,19 +736,57 @@ class FtAgent(LocalElasticAgent):
             )
             decision = coord.decide(cycle, self._decider(Trigger.EXCLUDE_REQUEST, reason))
             return self._apply(decision, noticed, exclusion_requested=True)
-        if causes:
-            if result.state != WorkerState.FAILED:
-                self._last_signature = None  # a dead monitor: not a deterministic failure
-            reason = f"on node {self._node}: " + "; ".join(causes)
-            decision = coord.decide(cycle, self._decider(Trigger.FAILURE, reason, repeated_error))
-            return self._apply(decision, noticed)
-        if result.state == WorkerState.SUCCEEDED:
+        if end is End.FAILURE:
+            return self._end_on_failure(result, causes, noticed)
+        if end is End.SUCCESS:
             return self._finish(result)
-        if self._nodes_waiting() > 0:
+        if end is End.NODES_WAITING:
             reason = "new nodes are waiting to join"
             decision = coord.decide(cycle, self._decider(Trigger.NODES_WAITING, reason))
             return self._apply(decision, noticed)
         return None
+
+    def _apply_request(self, noticed: float) -> RunResult | None:
+        """End the cycle on a rank's request (there is one: :func:`cycle_end` said so)."""
+        requested = self._decide_on_request()
+        if requested is None:
+            raise AssertionError("no rank request to end the cycle on")
+        return self._apply(requested[0], noticed, exclusion_requested=requested[1])
+
+    def _end_on_failure(
+        self, result: RunResult, causes: list[str], noticed: float
+    ) -> RunResult | None:
+        """Decide on a failure: name it, wait for hang evidence, attribute it, decide."""
+        repeated_error: str | None = None
+        if result.state == WorkerState.FAILED:
+            self._name_crashes(result)
+            if self._await_hang_evidence():
+                result = self._monitor_workers(self._worker_group)
+                # A request that came while waiting still wins over the failure.
+                again = Seen(
+                    shutdown_requested=self._cycle.shutdown_request is not None,
+                    exclude_requested=self._cycle.exclude_request is not None,
+                    workers=Workers.FAILED,
+                )
+                if cycle_end(again) in (End.SHUTDOWN_REQUEST, End.EXCLUDE_REQUEST):
+                    return self._apply_request(noticed)
+            finding = self._attribute_hang()
+            if finding is not None:
+                causes.insert(0, "hang: " + finding.sentence)
+            causes.extend(self._describe_failures(result))
+            repeated_error = self._repeated_error(self._journal_failures(result))
+        else:
+            if result.state == WorkerState.UNKNOWN:
+                causes.append(
+                    "torch's check found the worker pids do not match its process context"
+                )
+            self._last_signature = None  # a dead monitor: not a deterministic failure
+        reason = f"on node {self._node}: " + "; ".join(causes)
+        cycle = self._cycle.number
+        decision = self._coordinator().decide(
+            cycle, self._decider(Trigger.FAILURE, reason, repeated_error)
+        )
+        return self._apply(decision, noticed)
 
     def _decide_on_request(self) -> tuple[Decision, bool] | None:
         """The cycle's decision on a rank's ShutdownWorkload or ExcludeThisNode request.
