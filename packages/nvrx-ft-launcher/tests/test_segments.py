@@ -647,14 +647,14 @@ def test_a_standby_segment_still_waiting_when_the_job_ends_exits_as_a_standby(
     hosts the store serves it a moment longer, so the others still see the end."""
     from torch.distributed.elastic.rendezvous import RendezvousGracefulExitError
 
-    from nvrx.launcher import _cluster_steps
+    from nvrx.launcher import _staged_rendezvous
 
     server = _store()
     gates = _gates(4, "AABB")
     stores = [_client(server) for _ in gates]
     grace = 2.0  # longer than the gate's poll of the closed rendezvous (1 s)
-    monkeypatch.setattr(_cluster_steps, "_HOST_GRACE_S", grace)
-    monkeypatch.setattr(_cluster_steps, "hosts_store", lambda store: store is stores[2])
+    monkeypatch.setattr(_staged_rendezvous, "HOST_GRACE_S", grace)
+    monkeypatch.setattr(_staged_rendezvous, "hosts_store", lambda store: store is stores[2])
     ended: dict[int, float] = {}
     handlers = [_handler(s, last_call=0.5) for s in stores]
     for i in (2, 3):  # the standbys' next_rendezvous as the agent calls it

@@ -35,6 +35,7 @@ from ._scheduler_order import MAX_INDEX as _MAX_INDEX
 from ._scheduler_order import InfraKey, infra_key
 from ._segments import whole_segments
 from ._signed_store import SignedStore
+from ._staged_rendezvous import StagedRendezvous
 from ._torch_compat import Store
 
 __all__: list[str] = []
@@ -306,58 +307,56 @@ class GroupRankAligner:
         self._said_own_store = False
 
     def install(self, handler: RendezvousHandler) -> None:
-        """Wrap ``handler.next_rendezvous`` (this handler only; torch's class is untouched)."""
-        original = handler.next_rendezvous
+        """Align ``handler``'s rounds (its stage 4 alone, :mod:`._staged_rendezvous`)."""
+        StagedRendezvous(handler, aligner=self).install()
 
-        def next_rendezvous() -> RendezvousInfo:
-            info = original()
-            if not getattr(handler, "use_agent_store", True):
-                # Torch's rank 0 hosts no store for the workers then: the worker of
-                # RANK 0 starts one at MASTER_ADDR, which is torch's rank-0 node. A rank
-                # 0 elsewhere would bind an address that is not its own and hang.
-                if not self._said_own_store:
-                    self._said_own_store = True
-                    logger.warning(
-                        "group ranks follow the rendezvous order, not SLURM_PROCID/"
-                        "GROUP_RANK (nor stay stable for standby nodes): this rendezvous "
-                        "does not share its store with the workers "
-                        "(TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, or the etcd backend)"
-                    )
-                return info
-            placed = None if self._place is None else self._place()
-            mine = infra_key(self._env, info.rank) if placed is None else InfraKey(0, placed[0])
-            before = self.nodes
-            if self._signed_run is None:
-                nonce = run_nonce(info.store, self._key, self._run_id, scheduler_attempt(self._env))
-                self._signed_run = signed_run(self._run_id, nonce)
-            rank, self.nodes = _align(
-                info.store,
-                info.rank,
-                info.world_size,
-                mine,
-                self._node,
-                self._rank if self._stable else None,
-                stable=self._stable,
-                key=self._key,
-                run_id=self._signed_run,
-                segment=None if placed is None else placed[1],
-                segment_size=self._segment_size,
-            )
-            self._rank = rank
-            if self._stable and len(before) > 1:
-                self.replaced = replacements(before, self.nodes)
-                for group_rank, left, by in self.replaced:
-                    logger.warning("node %s replaced %s as group rank %d", by, left, group_rank)
-            if rank != info.rank:
-                logger.info(
-                    "group rank %d (from %s; the rendezvous numbered this node %d)",
-                    rank,
-                    "the segment gate"
-                    if placed is not None
-                    else ("SLURM_PROCID", "GROUP_RANK", "the rendezvous order")[mine.tier],
-                    info.rank,
+    def align(self, handler: RendezvousHandler, info: RendezvousInfo) -> RendezvousInfo:
+        """``info`` of a round torch just formed, with this node's aligned group rank."""
+        if not getattr(handler, "use_agent_store", True):
+            # Torch's rank 0 hosts no store for the workers then: the worker of
+            # RANK 0 starts one at MASTER_ADDR, which is torch's rank-0 node. A rank
+            # 0 elsewhere would bind an address that is not its own and hang.
+            if not self._said_own_store:
+                self._said_own_store = True
+                logger.warning(
+                    "group ranks follow the rendezvous order, not SLURM_PROCID/"
+                    "GROUP_RANK (nor stay stable for standby nodes): this rendezvous "
+                    "does not share its store with the workers "
+                    "(TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, or the etcd backend)"
                 )
-            bootstrap = info.bootstrap_store_info
-            return RendezvousInfo(info.store, rank, info.world_size, bootstrap)  # type: ignore[arg-type]
-
-        handler.next_rendezvous = next_rendezvous  # type: ignore[method-assign]
+            return info
+        placed = None if self._place is None else self._place()
+        mine = infra_key(self._env, info.rank) if placed is None else InfraKey(0, placed[0])
+        before = self.nodes
+        if self._signed_run is None:
+            nonce = run_nonce(info.store, self._key, self._run_id, scheduler_attempt(self._env))
+            self._signed_run = signed_run(self._run_id, nonce)
+        rank, self.nodes = _align(
+            info.store,
+            info.rank,
+            info.world_size,
+            mine,
+            self._node,
+            self._rank if self._stable else None,
+            stable=self._stable,
+            key=self._key,
+            run_id=self._signed_run,
+            segment=None if placed is None else placed[1],
+            segment_size=self._segment_size,
+        )
+        self._rank = rank
+        if self._stable and len(before) > 1:
+            self.replaced = replacements(before, self.nodes)
+            for group_rank, left, by in self.replaced:
+                logger.warning("node %s replaced %s as group rank %d", by, left, group_rank)
+        if rank != info.rank:
+            logger.info(
+                "group rank %d (from %s; the rendezvous numbered this node %d)",
+                rank,
+                "the segment gate"
+                if placed is not None
+                else ("SLURM_PROCID", "GROUP_RANK", "the rendezvous order")[mine.tier],
+                info.rank,
+            )
+        bootstrap = info.bootstrap_store_info
+        return RendezvousInfo(info.store, rank, info.world_size, bootstrap)  # type: ignore[arg-type]
