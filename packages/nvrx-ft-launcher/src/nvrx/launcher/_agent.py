@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import logging
 import math
 import os
@@ -40,11 +39,11 @@ from torch.distributed.elastic.multiprocessing import LogsSpecs
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
 
-from nvrx.ft import STRAGGLER_SCORES_ENV, CycleGoodput, MonitorEvent, WorkloadAction
+from nvrx.ft import STRAGGLER_SCORES_ENV, MonitorEvent, WorkloadAction
+from nvrx.ft import _events as kinds
 from nvrx.ft._termination import STACK_DUMP_PAUSE_S
 
 from . import _torch_compat as compat
-from . import goodput
 from ._cluster import ClusterOptions
 from ._cluster_steps import ClusterSteps
 from ._coordination import Decision, JobCoordinator, JobState
@@ -57,14 +56,11 @@ from ._events import (
     DecisionTaken,
     FirstStep,
     HangAttributed,
-    JobGoodput,
     MonitorDied,
-    NodeGoodput,
     ProgressMoved,
     RankFailed,
     RankTerminatedByMonitor,
     Recorder,
-    RestartCostMeasured,
     Restarted,
     RestartFailed,
     StoreValueIgnored,
@@ -73,7 +69,9 @@ from ._events import (
     WorkersStarted,
     WorkersStopped,
     WorkloadControl,
+    from_monitor_event,
 )
+from ._goodput_feed import GoodputFeed
 from ._job_key import KEY_ENV, KEY_FILE_ENV, load_job_key
 from ._launcher_exit import LauncherExit
 from ._local_ckpt import RestoreWatch
@@ -98,9 +96,6 @@ _PROGRESS_CHECK_PERIOD_S = 1.0
 # Warm spares start once every rank of the cycle connected to its monitor (its own
 # start-up is over, so they do not compete with it), or after this long regardless.
 _SPARES_AFTER_S = 10.0
-_GOODPUT_GAUGE_PERIOD_S = 5.0
-# How long the job summary's writer waits for the other nodes' goodput timelines.
-_GOODPUT_EXCHANGE_WAIT_S = 5.0
 # After a hang's first report, how long to wait for the other local ranks' reports (each
 # follows its stack dump pause), so the culprit is told from its victims.
 _HANG_EVIDENCE_WAIT_S = STACK_DUMP_PAUSE_S + 1.0
@@ -274,10 +269,7 @@ class FtAgent(LocalElasticAgent):
         recorder.set_node(self._node)
         self._recorder = recorder
         self._metrics = metrics
-        self._ledger = goodput.Ledger()
-        self._next_goodput_gauge = 0.0
-        # Every journal record (launch.py's too) feeds the goodput ledger.
-        recorder.journal.on_record = self._account
+        self._goodput = GoodputFeed(recorder, metrics)
         self._coord: JobCoordinator | None = None
         self._state = JobState()
         self._cycle = _CycleState(number=0, started=time.time(), progress=None)  # wall clock: label
@@ -299,10 +291,15 @@ class FtAgent(LocalElasticAgent):
             self._node,
             run_id=spec.rdzv_handler.get_run_id(),
             numa=numa,
-            goodput=self._cycle_goodput,
+            goodput=self._goodput.cycle_goodput,
             job_key=self._job_key,
         )
         self._steps.install(spec.rdzv_handler)
+        # The bus' subscribers, in this order: the cycle-info file, the goodput ledger
+        # (and the restart metrics), the monitors' health gauge.
+        recorder.subscribe(self._steps.on_event)
+        recorder.subscribe(self._goodput.on_event)
+        recorder.subscribe(metrics.on_event)
         # Rank 0's straggler reports come back through a file in our private directory.
         self._straggler = StragglerFeed(
             monitors.runtime_dir / SCORES_FILE_NAME,
@@ -315,113 +312,16 @@ class FtAgent(LocalElasticAgent):
 
     # -- goodput -------------------------------------------------------------------
 
-    def _account(self, record: dict[str, Any]) -> None:
-        """Feed a journal record to the ledger; journal and log each restart cost it completes.
-
-        The cycle-info file follows the journal too.
-        """
-        self._steps.feed(record)
-        for cost in self._ledger.feed(record):
-            self._recorder.record(RestartCostMeasured(cost))
-            logger.info("%s", cost.format())
-            self._update_goodput_gauges(force=True)
-
-    def _cycle_goodput(self) -> CycleGoodput | None:
-        """The job's goodput so far, for the cycle-info file (None before any time passed)."""
-        summary = self._ledger.summary(now=time.time())  # wall clock: label
-        if summary.ettr is None:
-            return None
-        productive = min(summary.seconds[goodput.Phase.PRODUCTIVE], summary.total_s)
-        return CycleGoodput(
-            productive_s=max(0.0, productive),
-            wall_s=summary.total_s,
-            ettr=min(1.0, max(0.0, summary.ettr)),
-        )
-
-    def _count_restart(self, from_cycle: int) -> None:
-        """The restart metrics, as soon as the new cycle's ranks started.
-
-        The journal's cost line waits for the new cycle's first step; the counter does
-        not (its recovery latency then ends at the ranks' start).
-        """
-        if self._metrics is NULL_RECORDER:
-            return
-        try:
-            costs = self._ledger.summary(now=time.time()).restarts  # wall clock: label
-            cost = next((c for c in costs if c.from_cycle == from_cycle), None)
-        except Exception as exc:  # accounting never stops training
-            logger.debug("restart metrics: %r", exc)
-            cost = None
-        if cost is None:
-            self._metrics.restart(goodput.Cause.UNKNOWN, None, None)
-        else:
-            self._metrics.restart(cost.cause, cost.detection_s, cost.recovery_s)
-        self._update_goodput_gauges(force=True)
-
-    def _update_goodput_gauges(self, *, force: bool = False) -> None:
-        """The metrics' goodput gauges, at most every 5 s unless ``force``."""
-        if self._metrics is NULL_RECORDER:
-            return
-        now = time.monotonic()
-        if not force and now < self._next_goodput_gauge:
-            return
-        self._next_goodput_gauge = now + _GOODPUT_GAUGE_PERIOD_S
-        try:
-            self._metrics.goodput(self._ledger.summary(now=time.time()))  # wall clock: label
-        except Exception as exc:  # accounting never stops training
-            logger.debug("goodput gauges: %r", exc)
-
     def _journal_goodput(self) -> None:
-        """At the job's end: the goodput summary in the log (INFO) and the journal.
-
-        One node holding the whole job writes ``job_goodput``. In a multi-node job each
-        node writes its own view as ``node_goodput`` and publishes its timeline to the
-        store (signed); the node of group rank ``goodput.SUMMARY_GROUP_RANK`` waits up
-        to 5 s for the others' and writes ``job_goodput`` over every timeline it got.
-        A straggler report rank 0 wrote as it ended is read first, so it counts.
-        """
+        """At the job's end: the goodput summary (a straggler report rank 0 wrote as it
+        ended is read first, so it counts)."""
         self._read_straggler_scores(now=True)
-        try:
-            now = time.time()  # wall clock: label (the ledger's timeline is record labels)
-            summary = self._ledger.summary(now=now)
-            if (self._worker_group.group_world_size or 1) <= 1:
-                logger.info("%s", summary.format())
-                self._recorder.record(JobGoodput(summary.to_json()))
-                self._metrics.goodput(summary)
-                return
-            logger.info("this node's %s", summary.format())
-            self._recorder.record(NodeGoodput(summary.to_json()))
-            self._metrics.goodput(summary)
-            self._journal_job_goodput(now)
-        except Exception as exc:  # accounting never changes the job's outcome
-            logger.warning("no goodput summary: %r", exc)
-
-    def _journal_job_goodput(self, now: float) -> None:
-        """Exchange the nodes' timelines; the summary writer journals the job's account."""
-        coord = self._coordinator()
-        cycle = self._cycle.number
-        mine = self._ledger.timeline()
-        coord.publish_timeline(cycle, json.dumps(mine.to_json(), sort_keys=True))
-        if not goodput.writes_job_summary(mine, self._node):
-            return
-        world = self._worker_group.group_world_size or 1
-
-        def parse(raw: bytes) -> goodput.Timeline:
-            return goodput.Timeline.from_json(json.loads(raw))
-
-        got = coord.timelines(cycle, world, _GOODPUT_EXCHANGE_WAIT_S, parse)
-        summary = goodput.account(goodput.Timeline.merge([mine, *got]), now=now)
-        if summary.nodes < world:
-            logger.warning(
-                "job goodput covers %d of %d nodes (the others' timelines did not come "
-                "within %.0f s)",
-                summary.nodes,
-                world,
-                _GOODPUT_EXCHANGE_WAIT_S,
-            )
-        logger.info("job %s", summary.format())
-        self._recorder.record(JobGoodput(summary.to_json()))
-        self._metrics.goodput(summary)
+        self._goodput.journal_summary(
+            nodes=self._worker_group.group_world_size or 1,
+            node=self._node,
+            cycle=self._cycle.number,
+            coordinator=self._coordinator,
+        )
 
     # -- straggler reports -----------------------------------------------------------
 
@@ -454,7 +354,7 @@ class FtAgent(LocalElasticAgent):
                     worst_score=None if worst is None else worst[1],
                 )
             )
-            self._update_goodput_gauges(force=True)
+            self._goodput.update_gauges(force=True)
         except Exception as exc:  # a report for information never stops the job
             logger.warning("straggler report not recorded: %r", exc)
 
@@ -688,7 +588,7 @@ class FtAgent(LocalElasticAgent):
         self._journal_progress()
         self._journal_restore()
         self._read_straggler_scores()
-        self._update_goodput_gauges()
+        self._goodput.update_gauges()
         for local_rank, code in sorted(self._monitors.dead().items()):
             served = local_rank in self._cycle.connected
             logger.error(
@@ -697,7 +597,6 @@ class FtAgent(LocalElasticAgent):
                 code,
                 " and restarting, since its rank was unwatched" if served else "",
             )
-            self._metrics.monitor_health(local_rank, False)
             self._recorder.record(
                 MonitorDied(
                     cycle=self._cycle.number,
@@ -818,37 +717,18 @@ class FtAgent(LocalElasticAgent):
                     "dropped %s of an earlier cycle's rank (pid %d)", event.event, event.pid
                 )
                 continue
-            if event.event == "rank_connected":
+            if event.event == kinds.RANK_CONNECTED:
                 self._cycle.connected.add(event.local_rank)
                 logger.debug("rank %d (local %d) connected", event.rank, event.local_rank)
-            elif event.event == "rank_disconnected":
+            elif event.event == kinds.RANK_DISCONNECTED:
                 self._cycle.connected.discard(event.local_rank)
-            elif event.event == "rank_terminated":
+            elif event.event == kinds.RANK_TERMINATED:
                 self._cycle.terminated[event.local_rank] = event
                 if self._cycle.first_report is None:
                     self._cycle.first_report = noticed
                     self._cycle.first_report_mono = time.monotonic()
                 self._recorder.record(
-                    RankTerminatedByMonitor(
-                        cycle=self._cycle.number,
-                        rank=event.rank,
-                        local_rank=event.local_rank,
-                        pid=event.pid,
-                        cause=event.cause,
-                        section=event.section,
-                        observed_s=event.observed_s,
-                        limit_s=event.limit_s,
-                        message=event.message,
-                        last_activity_s=event.last_activity_s,
-                        last_activity_wall=event.last_activity_wall,
-                        last_heartbeat_s=event.last_heartbeat_s,
-                        open_sections=(
-                            None if event.open_sections is None else list(event.open_sections)
-                        ),
-                        stack=None if event.stack is None else event.stack.to_json(),
-                        proc_state=event.proc_state,
-                        collective=None if event.collective is None else event.collective.to_json(),
-                    )
+                    from_monitor_event(RankTerminatedByMonitor, self._cycle.number, event)
                 )
                 logger.warning(
                     "monitor of local rank %d is terminating rank %d (pid %d): %s",
@@ -857,9 +737,9 @@ class FtAgent(LocalElasticAgent):
                     event.pid,
                     event.message,
                 )
-            elif event.event == "rank_first_step":
+            elif event.event == kinds.RANK_FIRST_STEP:
                 self._note_first_step(event)
-            elif event.event == "workload_control":
+            elif event.event == kinds.WORKLOAD_CONTROL:
                 logger.warning(
                     "rank %d (local rank %d, pid %d) requests %s: %s",
                     event.rank,
@@ -869,14 +749,7 @@ class FtAgent(LocalElasticAgent):
                     event.description,
                 )
                 self._recorder.record(
-                    WorkloadControl(
-                        cycle=self._cycle.number,
-                        rank=event.rank,
-                        local_rank=event.local_rank,
-                        pid=event.pid,
-                        action=event.action,
-                        description=event.description,
-                    )
+                    from_monitor_event(WorkloadControl, self._cycle.number, event)
                 )
                 self._cycle.note_request(event)
 
@@ -1224,7 +1097,6 @@ class FtAgent(LocalElasticAgent):
                 workers_started=started,
             )
         )
-        self._count_restart(cycle)
         return None
 
     def _finish(self, result: RunResult) -> RunResult | None:

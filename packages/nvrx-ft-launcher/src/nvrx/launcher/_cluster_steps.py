@@ -30,6 +30,7 @@ from ._cluster import ClusterOptions
 from ._cycle_info_writer import CycleInfoWriter, cycle_info_attempt, cycle_info_job_id
 from ._events import (
     CycleStarted,
+    Event,
     GpuMemoryReclaim,
     NodeReplaced,
     NodeUnhealthy,
@@ -173,6 +174,10 @@ class ClusterSteps:
         store = rendezvous_store(handler)
         if store is not None:
             serve_a_moment_if_host(store)
+
+    def on_event(self, event: Event, record: dict[str, Any]) -> None:
+        """A subscriber of the event bus: the cycle-info file follows the journal."""
+        self.feed(record)
 
     def feed(self, record: dict[str, Any]) -> None:
         """One journal record (the cycle-info file follows the journal)."""
