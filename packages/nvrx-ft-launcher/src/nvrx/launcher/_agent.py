@@ -14,7 +14,6 @@ process management, and replaces the run loop so that:
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import math
 import os
@@ -24,7 +23,7 @@ import socket
 import subprocess
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any, cast
 
 from torch.distributed.elastic.agent.server.api import (
@@ -39,37 +38,33 @@ from torch.distributed.elastic.multiprocessing import LogsSpecs
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
 
-from nvrx.ft import STRAGGLER_SCORES_ENV, MonitorEvent, WorkloadAction
-from nvrx.ft import _events as kinds
+from nvrx.ft import STRAGGLER_SCORES_ENV, MonitorEvent
 from nvrx.ft._termination import STACK_DUMP_PAUSE_S
 
 from . import _torch_compat as compat
 from ._cluster import ClusterOptions
 from ._cluster_steps import ClusterSteps
 from ._coordination import Decision, JobCoordinator, JobState
-from ._culprit import CulpritFinding, RankEvidence, find_culprit
 from ._cycle_end import End, Seen, Workers, cycle_end
+from ._cycle_state import CycleState
 from ._deterministic import FailureSignature, RankOutcome, cycle_signature, repeats
 from ._events import (
     AllNodesFinished,
-    CheckpointRestored,
     DecisionTaken,
-    FirstStep,
-    HangAttributed,
     MonitorDied,
-    ProgressMoved,
-    RankFailed,
-    RankTerminatedByMonitor,
     Recorder,
     Restarted,
     RestartFailed,
     StoreValueIgnored,
-    StragglerReported,
-    StragglerReportIgnored,
     WorkersStarted,
     WorkersStopped,
-    WorkloadControl,
-    from_monitor_event,
+)
+from ._failure_report import (
+    attribute_hang,
+    describe_failures,
+    hang_evidence,
+    journal_failures,
+    name_crashes,
 )
 from ._goodput_feed import GoodputFeed
 from ._job_key import KEY_ENV, KEY_FILE_ENV, load_job_key
@@ -79,10 +74,12 @@ from ._monitors import MonitorSupervisor
 from ._numa import NumaPlan
 from ._policy import Progress, RestartPolicy, Trigger, decide, leaves_job, trigger_of
 from ._progress import check_progress_file, read_progress
+from ._rank_reports import RankReports
 from ._rendezvous import renew_worker_store
-from ._root_cause import process_failure, root_cause
+from ._root_cause import process_failure
 from ._spares import SparePool, spare_handlers
-from ._straggler_feed import SCORES_FILE_NAME, StragglerFeed
+from ._straggler_feed import SCORES_FILE_NAME
+from ._straggler_reports import StragglerReports
 from ._torch_compat import Store
 from .exit_codes import ExitCode
 from .metrics import NULL_RECORDER, NullRecorder
@@ -92,7 +89,6 @@ __all__ = ["FtAgent", "RestartPolicy"]
 logger = logging.getLogger("nvrx.launcher")
 
 _WAITING_CHECK_PERIOD_S = 1.0
-_PROGRESS_CHECK_PERIOD_S = 1.0
 # Warm spares start once every rank of the cycle connected to its monitor (its own
 # start-up is over, so they do not compete with it), or after this long regardless.
 _SPARES_AFTER_S = 10.0
@@ -106,65 +102,6 @@ _WORKERS = {
     WorkerState.UNKNOWN: Workers.PIDS_MISMATCH,
     WorkerState.UNHEALTHY: Workers.UNINTERRUPTIBLE,
 }
-
-
-@dataclasses.dataclass
-class _CycleState:
-    """What happened in the current cycle on this node."""
-
-    number: int
-    started: float
-    progress: int | None
-    connected: set[int] = dataclasses.field(default_factory=set)
-    terminated: dict[int, MonitorEvent] = dataclasses.field(default_factory=dict)
-    first_report: float | None = None
-    #: Monotonic twins of ``started`` and ``first_report`` (those two label records;
-    #: every wait and duration is measured on these, immune to wall-clock steps).
-    started_mono: float = dataclasses.field(default_factory=time.monotonic)
-    first_report_mono: float | None = None
-    noticed_mono: float = dataclasses.field(default_factory=time.monotonic)
-    spares_started: bool = False
-    #: The first ShutdownWorkload and ExcludeThisNode requests of the cycle, kept until
-    #: a decision ends it (also those that arrive while waiting for hang evidence).
-    shutdown_request: MonitorEvent | None = None
-    exclude_request: MonitorEvent | None = None
-    #: Each local rank's ``rank_first_step`` event, and whether ``first_step`` was journalled.
-    first_steps: dict[int, MonitorEvent] = dataclasses.field(default_factory=dict)
-    first_step_recorded: bool = False
-    #: Pids of the ranks whose crash was already logged (the moment it was seen).
-    crashes_named: set[int] = dataclasses.field(default_factory=set)
-
-    def note_request(self, event: MonitorEvent) -> None:
-        """Keep a workload control request (the first of each kind) for this cycle."""
-        if event.action == WorkloadAction.ShutdownWorkload.name:
-            self.shutdown_request = self.shutdown_request or event
-        elif event.action == WorkloadAction.ExcludeThisNode.name:
-            self.exclude_request = self.exclude_request or event
-
-
-@dataclasses.dataclass
-class _RankPids:
-    """This cycle's rank pids and every earlier cycle's: an event an earlier cycle's rank
-    sent late (drained in the next cycle) must not count there (an early ``first_step``,
-    a rank taken as terminated). The monitor reports the rank's own pid (its socket
-    peer), which is the worker's pid: the NUMA wrapper and the exec shim exec the rank, a
-    warm spare is the rank's process."""
-
-    current: set[int] = dataclasses.field(default_factory=set)
-    earlier: set[int] = dataclasses.field(default_factory=set)
-
-    def new_cycle(self, pids: Iterable[int]) -> None:
-        """The new cycle's workers started with ``pids`` (a reused pid is theirs now)."""
-        self.earlier |= self.current
-        self.current = set(pids)
-        self.earlier -= self.current
-
-    def is_stale(self, pid: int) -> bool:
-        """Whether ``pid`` was an earlier cycle's rank; else it is noted as this cycle's."""
-        if pid in self.earlier:
-            return True
-        self.current.add(pid)
-        return False
 
 
 def _job_key(multi_node: bool) -> bytes | None:
@@ -201,28 +138,6 @@ def _job_key(multi_node: bool) -> bytes | None:
 
 def _on_sigchld(signum: int, frame: object) -> None:
     """Nothing to do here: the wakeup fd already woke the run loop."""
-
-
-def _signal_name(signum: int) -> str:
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return str(signum)
-
-
-def _describe_exit(exitcode: int) -> str:
-    if exitcode < 0:
-        return f"was killed by signal {_signal_name(-exitcode)}"
-    return f"exited with code {exitcode}"
-
-
-def _describe_termination(event: MonitorEvent) -> str:
-    parts = [f"its monitor terminated it: {event.cause}"]
-    if event.section:
-        parts.append(f"section {event.section!r}")
-    if event.observed_s is not None and event.limit_s is not None:
-        parts.append(f"{event.observed_s:.2f} s > limit {event.limit_s:.2f} s")
-    return ", ".join(parts)
 
 
 class FtAgent(LocalElasticAgent):
@@ -272,15 +187,12 @@ class FtAgent(LocalElasticAgent):
         self._goodput = GoodputFeed(recorder, metrics)
         self._coord: JobCoordinator | None = None
         self._state = JobState()
-        self._cycle = _CycleState(number=0, started=time.time(), progress=None)  # wall clock: label
+        self._cycle = CycleState(number=0, started=time.time(), progress=None)  # wall clock: label
         #: The last failed cycle's deterministic-looking failure (see ._deterministic).
         self._last_signature: FailureSignature | None = None
-        self._rank_pids = _RankPids()
         self._rendezvous_closed = False
         self._stopping = False
         self._next_waiting_check = 0.0
-        self._next_progress_check = 0.0
-        self._last_progress: int | None = None
         self._wake: socket.socket | None = None
         self._spares = spares
         self._cycle_started = False
@@ -301,66 +213,35 @@ class FtAgent(LocalElasticAgent):
         recorder.subscribe(self._goodput.on_event)
         recorder.subscribe(metrics.on_event)
         # Rank 0's straggler reports come back through a file in our private directory.
-        self._straggler = StragglerFeed(
+        self._straggler = StragglerReports(
             monitors.runtime_dir / SCORES_FILE_NAME,
-            on_ignored=self._journal_bad_scores,
+            recorder,
+            lambda: self._cycle.number,
             metrics=self._metrics,
+            on_recorded=lambda: self._goodput.update_gauges(force=True),
         )
         os.environ[STRAGGLER_SCORES_ENV] = self._straggler.path  # the ranks inherit it
         # What the ranks restored from local checkpoints, journalled once per cycle.
         self._restores = None if local_ckpt_dir is None else RestoreWatch(local_ckpt_dir)
+        self._reports = RankReports(
+            recorder,
+            lambda: self._cycle,
+            lambda: self._worker_group.spec.local_world_size,
+            restores=self._restores,
+            progress_file=policy.progress_file,
+        )
 
     # -- goodput -------------------------------------------------------------------
 
     def _journal_goodput(self) -> None:
         """At the job's end: the goodput summary (a straggler report rank 0 wrote as it
         ended is read first, so it counts)."""
-        self._read_straggler_scores(now=True)
+        self._straggler.record_new(now=True)
         self._goodput.journal_summary(
             nodes=self._worker_group.group_world_size or 1,
             node=self._node,
             cycle=self._cycle.number,
             coordinator=self._coordinator,
-        )
-
-    # -- straggler reports -----------------------------------------------------------
-
-    def _read_straggler_scores(self, *, now: bool = False) -> None:
-        """Rank 0's new straggler report: the score gauges, a journal record, the goodput.
-
-        The record (``straggler_report``) carries the report's wait fraction and window,
-        from which the ledger (and the job summary's merge) takes the straggler wait.
-        ``now``: look at once (the last look before a new cycle starts).
-        """
-        scores = self._straggler.poll_now() if now else self._straggler.poll()
-        if scores is None:
-            return
-        cycle = self._straggler.cycle_of(scores)  # when it was written, not when read
-        try:
-            self._straggler.show(scores)
-            wait = self._straggler.wait(scores)
-            worst = self._straggler.worst(scores)
-            self._recorder.record(
-                StragglerReported(
-                    cycle=self._cycle.number if cycle is None else cycle,
-                    written_at=scores.written_at,
-                    window_start=None if wait is None else wait.start,
-                    window_end=None if wait is None else wait.end,
-                    wait_fraction=None if wait is None else wait.fraction,
-                    forward_section=scores.forward_section,
-                    step_section=scores.step_section,
-                    ranks=self._straggler.rank_count(scores),
-                    worst_rank=None if worst is None else worst[0],
-                    worst_score=None if worst is None else worst[1],
-                )
-            )
-            self._goodput.update_gauges(force=True)
-        except Exception as exc:  # a report for information never stops the job
-            logger.warning("straggler report not recorded: %r", exc)
-
-    def _journal_bad_scores(self, why: str) -> None:
-        self._recorder.record(
-            StragglerReportIgnored(cycle=self._cycle.number, path=self._straggler.path, why=why)
         )
 
     # -- what the launcher asks after the run ------------------------------------
@@ -436,8 +317,8 @@ class FtAgent(LocalElasticAgent):
             self._metrics.monitor_health(local_rank, True)
         self._steps.before_start(self._state.cycle, restart=self._cycle_started)
         if self._cycle_started:  # a report the last cycle's rank 0 wrote just before it ended
-            self._read_straggler_scores(now=True)
-        self._cycle = _CycleState(
+            self._straggler.record_new(now=True)
+        self._cycle = CycleState(
             number=self._state.cycle,
             started=time.time(),  # wall clock: label
             progress=read_progress(self._policy.progress_file),
@@ -457,7 +338,7 @@ class FtAgent(LocalElasticAgent):
             self._restores.start_cycle(self._cycle.number, worker_group.spec.local_world_size)
         with spare_handlers(self._spares) as handlers:
             worker_ids: dict[int, Any] = super()._start_workers(worker_group)
-        self._rank_pids.new_cycle(worker_ids.values())
+        self._reports.rank_pids.new_cycle(worker_ids.values())
         warm = sorted(h.local_rank_id for h in handlers if h.warm)
         if warm:
             logger.info("local ranks %s started from warm spares", warm)
@@ -585,9 +466,9 @@ class FtAgent(LocalElasticAgent):
         causes: list[str] = []
         self._handle_events(self._monitors.drain_events(), noticed)
         self._maybe_start_spares(wg.spec.local_world_size)
-        self._journal_progress()
-        self._journal_restore()
-        self._read_straggler_scores()
+        self._reports.journal_progress()
+        self._reports.journal_restore()
+        self._straggler.record_new()
         self._goodput.update_gauges()
         for local_rank, code in sorted(self._monitors.dead().items()):
             served = local_rank in self._cycle.connected
@@ -658,7 +539,7 @@ class FtAgent(LocalElasticAgent):
         """Decide on a failure: name it, wait for hang evidence, attribute it, decide."""
         repeated_error: str | None = None
         if result.state == WorkerState.FAILED:
-            self._name_crashes(result)
+            name_crashes(self._cycle, result)
             if self._await_hang_evidence():
                 result = self._monitor_workers(self._worker_group)
                 # A request that came while waiting still wins over the failure.
@@ -669,11 +550,14 @@ class FtAgent(LocalElasticAgent):
                 )
                 if cycle_end(again) in (End.SHUTDOWN_REQUEST, End.EXCLUDE_REQUEST):
                     return self._apply_request(noticed)
-            finding = self._attribute_hang()
+            finding = attribute_hang(self._cycle, self._worker_group, self._recorder)
             if finding is not None:
                 causes.insert(0, "hang: " + finding.sentence)
-            causes.extend(self._describe_failures(result))
-            repeated_error = self._repeated_error(self._journal_failures(result))
+            causes.extend(describe_failures(self._cycle, result))
+            pc = compat.worker_processes(self)
+            stderrs = pc.stderrs if pc is not None else {}
+            outcomes = journal_failures(self._cycle, result, stderrs, self._recorder)
+            repeated_error = self._repeated_error(outcomes)
         else:
             if result.state == WorkerState.UNKNOWN:
                 causes.append(
@@ -710,108 +594,8 @@ class FtAgent(LocalElasticAgent):
         return None
 
     def _handle_events(self, events: list[MonitorEvent], noticed: float) -> None:
-        """Act on the monitors' events; workload control requests are kept on the cycle."""
-        for event in events:
-            if self._rank_pids.is_stale(event.pid):
-                logger.debug(
-                    "dropped %s of an earlier cycle's rank (pid %d)", event.event, event.pid
-                )
-                continue
-            if event.event == kinds.RANK_CONNECTED:
-                self._cycle.connected.add(event.local_rank)
-                logger.debug("rank %d (local %d) connected", event.rank, event.local_rank)
-            elif event.event == kinds.RANK_DISCONNECTED:
-                self._cycle.connected.discard(event.local_rank)
-            elif event.event == kinds.RANK_TERMINATED:
-                self._cycle.terminated[event.local_rank] = event
-                if self._cycle.first_report is None:
-                    self._cycle.first_report = noticed
-                    self._cycle.first_report_mono = time.monotonic()
-                self._recorder.record(
-                    from_monitor_event(RankTerminatedByMonitor, self._cycle.number, event)
-                )
-                logger.warning(
-                    "monitor of local rank %d is terminating rank %d (pid %d): %s",
-                    event.local_rank,
-                    event.rank,
-                    event.pid,
-                    event.message,
-                )
-            elif event.event == kinds.RANK_FIRST_STEP:
-                self._note_first_step(event)
-            elif event.event == kinds.WORKLOAD_CONTROL:
-                logger.warning(
-                    "rank %d (local rank %d, pid %d) requests %s: %s",
-                    event.rank,
-                    event.local_rank,
-                    event.pid,
-                    event.action,
-                    event.description,
-                )
-                self._recorder.record(
-                    from_monitor_event(WorkloadControl, self._cycle.number, event)
-                )
-                self._cycle.note_request(event)
-
-    def _note_first_step(self, event: MonitorEvent) -> None:
-        """Journal the cycle's ``first_step`` once every local rank finished its first step."""
-        if event.step_wall is None:
-            return
-        cycle = self._cycle
-        cycle.first_steps.setdefault(event.local_rank, event)
-        local = self._worker_group.spec.local_world_size
-        if cycle.first_step_recorded or len(cycle.first_steps) < local:
-            return
-        cycle.first_step_recorded = True
-        self._journal_restore(final=True)  # the restore came before: its record first
-        steps = cycle.first_steps.values()
-        self._recorder.record(
-            FirstStep(
-                cycle=cycle.number,
-                first_step=max(e.step_wall or 0.0 for e in steps),
-                since_init_s=max(e.since_init_s or 0.0 for e in steps),
-                local_ranks=sorted(cycle.first_steps),
-            )
-        )
-
-    def _journal_restore(self, *, final: bool = False) -> None:
-        """Journal what this node's ranks restored this cycle, once (local checkpoints).
-
-        ``final``: the first step or the cycle's end, when the records there are all
-        there will be. Reading them never stops the job.
-        """
-        if self._restores is None:
-            return
-        try:
-            restore = self._restores.poll(final=final)
-        except Exception as exc:  # a record for information never stops the job
-            logger.debug("restore records: %r", exc)
-            return
-        if restore is None:
-            return
-        self._recorder.record(
-            CheckpointRestored(
-                cycle=self._cycle.number,
-                source=restore.source,
-                iteration=restore.iteration,
-                snapshot_wall=restore.snapshot_wall,
-                restore_s=restore.restore_s,
-                ranks=restore.ranks,
-            )
-        )
-        at = "" if restore.iteration is None else f" iteration {restore.iteration}"
-        logger.info(
-            "cycle %d: ranks restored%s from %s in %.2f s (%s)",
-            self._cycle.number,
-            at,
-            restore.source,
-            restore.restore_s,
-            ", ".join(f"local rank {r}: {s}" for r, s in restore.ranks.items()),
-        )
-
-    def _hang_evidence(self) -> list[RankEvidence]:
-        found = map(RankEvidence.from_event, self._cycle.terminated.values())
-        return [e for e in found if e is not None]
+        """Act on the monitors' events (:meth:`._rank_reports.RankReports.handle`)."""
+        self._reports.handle(events, noticed)
 
     def _await_hang_evidence(self) -> bool:
         """After a hang's first report, wait briefly for the other local ranks' reports.
@@ -820,7 +604,7 @@ class FtAgent(LocalElasticAgent):
         victim's report follows its own stack dump pause; deciding on the culprit's alone
         would leave the victims unseen. Returns whether it waited.
         """
-        if not self._hang_evidence() or self._cycle.first_report_mono is None:
+        if not hang_evidence(self._cycle) or self._cycle.first_report_mono is None:
             return False
         pc = compat.worker_processes(self)
         handlers = {} if pc is None else pc.subprocess_handlers
@@ -835,19 +619,6 @@ class FtAgent(LocalElasticAgent):
             self._wait(min(left, 0.05))
             self._handle_events(self._monitors.drain_events(), time.time())  # wall clock: label
 
-    def _attribute_hang(self) -> CulpritFinding | None:
-        """Name the hung rank of this cycle (or say why not); journaled and logged once."""
-        evidence = self._hang_evidence()
-        if not evidence:
-            return None
-        wg = self._worker_group
-        world = wg.workers[0].world_size if wg.workers else None
-        single_node = world is not None and wg.spec.local_world_size == world
-        finding = find_culprit(evidence, world_size=world if single_node else None)
-        logger.warning("hang in cycle %d: %s", self._cycle.number, finding.sentence)
-        self._recorder.record(HangAttributed(cycle=self._cycle.number, **finding.to_json()))
-        return finding
-
     def _maybe_start_spares(self, local_world_size: int) -> None:
         if self._spares is None or self._cycle.spares_started:
             return
@@ -856,23 +627,6 @@ class FtAgent(LocalElasticAgent):
             self._cycle.spares_started = True
             started = self._spares.fill()
             logger.debug("warm spares started for local ranks %s", started)
-
-    def _journal_progress(self) -> None:
-        """Journal the progress marker when it moved (a file read at most once a second)."""
-        path = self._policy.progress_file
-        now = time.monotonic()
-        if path is None or now < self._next_progress_check:
-            return
-        self._next_progress_check = now + _PROGRESS_CHECK_PERIOD_S
-        value = read_progress(path)
-        if value is None or value == self._last_progress:
-            return
-        self._last_progress = value
-        try:
-            saved: float | None = os.stat(path).st_mtime
-        except OSError:
-            saved = None
-        self._recorder.record(ProgressMoved(cycle=self._cycle.number, value=value, saved=saved))
 
     def _nodes_waiting(self) -> int:
         # Reads the whole rendezvous state from the store: once a second is plenty for
@@ -884,47 +638,6 @@ class FtAgent(LocalElasticAgent):
         self._next_waiting_check = now + _WAITING_CHECK_PERIOD_S
         return handler.num_nodes_waiting()
 
-    def _name_crashes(self, result: RunResult) -> None:
-        """Log each crashed rank the moment it is seen, before the others are stopped.
-
-        The decision's line (restart or stop) follows only once the survivors have
-        stopped (up to --workers-stop-timeout); this one names the rank at once, as
-        torchrun's ``exitcode`` line does. A rank its monitor terminated (a hang) is
-        named by the hang line instead.
-        """
-        for global_rank, failure in sorted(result.failures.items()):
-            if failure.local_rank in self._cycle.terminated:
-                continue
-            if failure.pid in self._cycle.crashes_named:
-                continue
-            self._cycle.crashes_named.add(failure.pid)
-            logger.error(
-                "rank %d (local rank %d, pid %d) %s in cycle %d; stopping the other ranks",
-                global_rank,
-                failure.local_rank,
-                failure.pid,
-                _describe_exit(failure.exitcode),
-                self._cycle.number,
-            )
-
-    def _describe_failures(self, result: RunResult) -> list[str]:
-        out = []
-        for global_rank, failure in sorted(result.failures.items()):
-            text = f"rank {global_rank} (local rank {failure.local_rank}, pid {failure.pid}) "
-            text += _describe_exit(failure.exitcode)
-            event = self._cycle.terminated.get(failure.local_rank)
-            if event is not None:
-                text += "; " + _describe_termination(event)
-            out.append(text)
-        failed = {f.local_rank for f in result.failures.values()}
-        for local_rank, event in sorted(self._cycle.terminated.items()):
-            if local_rank not in failed:
-                out.append(
-                    f"rank {event.rank} (local rank {local_rank}, pid {event.pid}) is being "
-                    f"stopped; {_describe_termination(event)}"
-                )
-        return out
-
     def _journal_rejected(self, key: str, why: str) -> None:
         self._recorder.record(StoreValueIgnored(cycle=self._cycle.number, key=key, why=why))
 
@@ -935,48 +648,6 @@ class FtAgent(LocalElasticAgent):
         repeated = repeats(self._last_signature, signature)
         self._last_signature = signature
         return signature.describe() if repeated and signature is not None else None
-
-    def _journal_failures(self, result: RunResult) -> list[RankOutcome]:
-        pc = compat.worker_processes(self)
-        stderrs = pc.stderrs if pc is not None else {}
-        outcomes = []
-        for global_rank, failure in sorted(result.failures.items()):
-            event = self._cycle.terminated.get(failure.local_rank)
-            code = failure.exitcode
-            cause = root_cause(failure, stderrs.get(failure.local_rank))
-            outcomes.append(
-                RankOutcome(
-                    rank=global_rank,
-                    exitcode=code,
-                    terminated_by_monitor=event is not None,
-                    traceback=None if cause is None else cause.traceback,
-                    message=None if cause is None else cause.message,
-                )
-            )
-            if cause is not None:
-                logger.error(
-                    "root cause of rank %d (local rank %d) failing, from its %s:\n%s",
-                    global_rank,
-                    failure.local_rank,
-                    "error file (@record)" if cause.source == "error_file" else "stderr",
-                    cause.traceback or cause.message,
-                )
-            self._recorder.record(
-                RankFailed(
-                    cycle=self._cycle.number,
-                    rank=global_rank,
-                    local_rank=failure.local_rank,
-                    pid=failure.pid,
-                    exit_code=code if code >= 0 else None,
-                    signal=_signal_name(-code) if code < 0 else None,
-                    monitor_cause=event.cause if event else None,
-                    section=event.section if event else None,
-                    observed_s=event.observed_s if event else None,
-                    limit_s=event.limit_s if event else None,
-                    root_cause=None if cause is None else cause.to_json(),
-                )
-            )
-        return outcomes
 
     # -- decisions (computed by the node that claims the cycle) ---------------------
 
@@ -1013,7 +684,7 @@ class FtAgent(LocalElasticAgent):
         action = "exclude" if excluded else decision.action.value
         exit_code = int(ExitCode.NODE_EXCLUDED) if excluded else decision.exit_code
         cycle = self._cycle.number
-        self._journal_restore(final=True)
+        self._reports.journal_restore(final=True)
         self._recorder.record(
             DecisionTaken(
                 cycle=cycle,
@@ -1106,7 +777,7 @@ class FtAgent(LocalElasticAgent):
         world = self._worker_group.group_world_size or 1
         logger.debug("local workers finished")
         coord.arrive(cycle)
-        self._journal_restore(final=True)
+        self._reports.journal_restore(final=True)
         deadline = time.monotonic() + self._policy.exit_barrier_timeout
         logger.info("local workers finished; waiting for %d node(s) in all", world)
         while coord.arrived(cycle) < world:
