@@ -70,6 +70,7 @@ from ._goodput_feed import GoodputFeed
 from ._job_key import KEY_ENV, KEY_FILE_ENV, load_job_key
 from ._launcher_exit import LauncherExit
 from ._local_ckpt import RestoreWatch
+from ._log_lines import log_line
 from ._monitors import MonitorSupervisor
 from ._numa import NumaPlan
 from ._policy import Progress, RestartPolicy, Trigger, decide, leaves_job, trigger_of
@@ -208,10 +209,11 @@ class FtAgent(LocalElasticAgent):
         )
         self._steps.install(spec.rdzv_handler)
         # The bus' subscribers, in this order: the cycle-info file, the goodput ledger
-        # (and the restart metrics), the monitors' health gauge.
+        # (and the restart metrics), the monitors' health gauge, the log lines.
         recorder.subscribe(self._steps.on_event)
         recorder.subscribe(self._goodput.on_event)
         recorder.subscribe(metrics.on_event)
+        recorder.subscribe(log_line)
         # Rank 0's straggler reports come back through a file in our private directory.
         self._straggler = StragglerReports(
             monitors.runtime_dir / SCORES_FILE_NAME,
@@ -472,12 +474,6 @@ class FtAgent(LocalElasticAgent):
         self._goodput.update_gauges()
         for local_rank, code in sorted(self._monitors.dead().items()):
             served = local_rank in self._cycle.connected
-            logger.error(
-                "the monitor of local rank %d died (exit code %s); starting a new one%s",
-                local_rank,
-                code,
-                " and restarting, since its rank was unwatched" if served else "",
-            )
             self._recorder.record(
                 MonitorDied(
                     cycle=self._cycle.number,
@@ -743,15 +739,6 @@ class FtAgent(LocalElasticAgent):
             wg.workers[local_rank].id = worker_id
         wg.state = WorkerState.HEALTHY
         started, started_mono = time.time(), time.monotonic()  # wall clock: label
-        logger.warning(
-            "restarted in %.2f s (stop %.2f s, rendezvous %.2f s, start %.2f s); "
-            "TORCHELASTIC_RESTART_COUNT=%d",
-            started_mono - t0_mono,
-            stopped_mono - t0_mono,
-            rendezvous_mono - stopped_mono,
-            started_mono - rendezvous_mono,
-            decision.state.cycle,
-        )
         self._recorder.record(
             Restarted(
                 from_cycle=cycle,

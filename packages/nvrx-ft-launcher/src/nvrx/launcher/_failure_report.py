@@ -66,7 +66,6 @@ def attribute_hang(cycle: CycleState, wg: WorkerGroup, recorder: Recorder) -> Cu
     world = wg.workers[0].world_size if wg.workers else None
     single_node = world is not None and wg.spec.local_world_size == world
     finding = find_culprit(evidence, world_size=world if single_node else None)
-    logger.warning("hang in cycle %d: %s", cycle.number, finding.sentence)
     recorder.record(HangAttributed(cycle=cycle.number, **finding.to_json()))
     return finding
 

@@ -82,24 +82,9 @@ class RankReports:
                 self._recorder.record(
                     from_monitor_event(RankTerminatedByMonitor, cycle.number, event)
                 )
-                logger.warning(
-                    "monitor of local rank %d is terminating rank %d (pid %d): %s",
-                    event.local_rank,
-                    event.rank,
-                    event.pid,
-                    event.message,
-                )
             elif event.event == kinds.RANK_FIRST_STEP:
                 self._note_first_step(event)
             elif event.event == kinds.WORKLOAD_CONTROL:
-                logger.warning(
-                    "rank %d (local rank %d, pid %d) requests %s: %s",
-                    event.rank,
-                    event.local_rank,
-                    event.pid,
-                    event.action,
-                    event.description,
-                )
                 self._recorder.record(from_monitor_event(WorkloadControl, cycle.number, event))
                 cycle.note_request(event)
 
@@ -148,15 +133,6 @@ class RankReports:
                 restore_s=restore.restore_s,
                 ranks=restore.ranks,
             )
-        )
-        at = "" if restore.iteration is None else f" iteration {restore.iteration}"
-        logger.info(
-            "cycle %d: ranks restored%s from %s in %.2f s (%s)",
-            self._cycle_now().number,
-            at,
-            restore.source,
-            restore.restore_s,
-            ", ".join(f"local rank {r}: {s}" for r, s in restore.ranks.items()),
         )
 
     def journal_progress(self) -> None:
