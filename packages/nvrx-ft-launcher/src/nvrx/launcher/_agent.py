@@ -45,12 +45,12 @@ from . import _torch_compat as compat
 from ._cluster import ClusterOptions
 from ._cluster_steps import ClusterSteps
 from ._coordination import Decision, JobCoordinator, JobState
+from ._cycle_decisions import decider, decision_taken, request_trigger, restart_line
 from ._cycle_end import End, Seen, Workers, cycle_end
 from ._cycle_state import CycleState
 from ._deterministic import FailureSignature, RankOutcome, cycle_signature, repeats
 from ._events import (
     AllNodesFinished,
-    DecisionTaken,
     MonitorDied,
     Recorder,
     Restarted,
@@ -73,7 +73,7 @@ from ._local_ckpt import RestoreWatch
 from ._log_lines import log_line
 from ._monitors import MonitorSupervisor
 from ._numa import NumaPlan
-from ._policy import Progress, RestartPolicy, Trigger, decide, leaves_job, trigger_of
+from ._policy import RestartPolicy, Trigger
 from ._progress import check_progress_file, read_progress
 from ._rank_reports import RankReports
 from ._rendezvous import renew_worker_store
@@ -567,28 +567,6 @@ class FtAgent(LocalElasticAgent):
         )
         return self._apply(decision, noticed)
 
-    def _decide_on_request(self) -> tuple[Decision, bool] | None:
-        """The cycle's decision on a rank's ShutdownWorkload or ExcludeThisNode request.
-
-        Returns it with whether this node asked to leave, or None when no rank asked.
-        """
-        coord = self._coordinator()
-        cycle = self._cycle.number
-        shutdown = self._cycle.shutdown_request
-        if shutdown is not None:
-            reason = (
-                f"rank {shutdown.rank} on node {self._node} requested ShutdownWorkload: "
-                f"{shutdown.description}"
-            )
-            return coord.decide(cycle, self._decider(Trigger.SHUTDOWN_REQUEST, reason)), False
-        exclude = self._cycle.exclude_request
-        if exclude is not None:
-            reason = (
-                f"rank {exclude.rank} asked to exclude node {self._node}: {exclude.description}"
-            )
-            return coord.decide(cycle, self._decider(Trigger.EXCLUDE_REQUEST, reason)), True
-        return None
-
     def _handle_events(self, events: list[MonitorEvent], noticed: float) -> None:
         """Act on the monitors' events (:meth:`._rank_reports.RankReports.handle`)."""
         self._reports.handle(events, noticed)
@@ -651,23 +629,24 @@ class FtAgent(LocalElasticAgent):
         self, trigger: Trigger, reason: str, repeated_error: str | None = None
     ) -> Callable[[JobState], Decision]:
         """What the coordinator calls, with the job state, if this node wins the cycle."""
+        return decider(
+            trigger,
+            reason,
+            policy=self._policy,
+            node=self._node,
+            progress_before=self._cycle.progress,
+            repeated_error=repeated_error,
+        )
 
-        def make(state: JobState) -> Decision:
-            progress = Progress()
-            if trigger is Trigger.FAILURE and self._policy.tracks_progress:
-                now = read_progress(self._policy.progress_file)
-                progress = Progress(before=self._cycle.progress, after=now)
-            return decide(
-                state,
-                trigger,
-                policy=self._policy,
-                node=self._node,
-                reason=reason,
-                progress=progress,
-                repeated_error=repeated_error,
-            )
-
-        return make
+    def _decide_on_request(self) -> tuple[Decision, bool] | None:
+        """The cycle's decision on a rank's request, with whether this node asked to leave."""
+        request = request_trigger(self._cycle, self._node)
+        if request is None:
+            return None
+        trigger, reason, leaves = request
+        return self._coordinator().decide(
+            self._cycle.number, self._decider(trigger, reason)
+        ), leaves
 
     # -- acting on a decision --------------------------------------------------------
 
@@ -675,33 +654,24 @@ class FtAgent(LocalElasticAgent):
         self, decision: Decision, noticed: float, *, exclusion_requested: bool = False
     ) -> RunResult | None:
         wg = self._worker_group
-        local = decision.node == self._node
-        excluded = leaves_job(decision, self._node, requested=exclusion_requested)
-        action = "exclude" if excluded else decision.action.value
-        exit_code = int(ExitCode.NODE_EXCLUDED) if excluded else decision.exit_code
         cycle = self._cycle.number
         self._reports.journal_restore(final=True)
-        self._recorder.record(
-            DecisionTaken(
-                cycle=cycle,
-                action=action,
-                reason=decision.reason,
-                decided_by=decision.node,
-                charged=decision.charged,
-                restart_count=decision.state.cycle,
-                restarts_charged=decision.state.charged,
-                exit_code=None if action == "restart" else exit_code,
-                failure_noticed=noticed,
-                trigger=trigger_of(decision).value,
-            )
+        taken, exit_code = decision_taken(
+            decision,
+            self._node,
+            cycle=cycle,
+            noticed=noticed,
+            exclusion_requested=exclusion_requested,
         )
+        self._recorder.record(taken)
+        action = taken.action
         t0_mono, noticed_mono = time.monotonic(), self._cycle.noticed_mono
         self._stop_workers(wg)
         wg.state = WorkerState.STOPPED
         stopped, stopped_mono = time.time(), time.monotonic()  # wall clock: label
         self._recorder.record(WorkersStopped(cycle=cycle, workers_stopped=stopped))
         if action != "restart":
-            if excluded:
+            if action == "exclude":
                 self._leave_rendezvous()
             else:
                 self._journal_goodput()
@@ -712,19 +682,7 @@ class FtAgent(LocalElasticAgent):
             raise LauncherExit(exit_code, decision.reason)
 
         self._state = decision.state
-        budget = (
-            f"restart {decision.state.charged}/{self._policy.max_restarts}"
-            if decision.charged
-            else "restart (not charged to --max-restarts)"
-        )
-        logger.warning(
-            "%s, cycle %d -> %d, %s: %s",
-            budget,
-            cycle,
-            decision.state.cycle,
-            "decided here" if local else f"decided by {decision.node}",
-            decision.reason,
-        )
+        logger.warning("%s", restart_line(decision, cycle, self._node, self._policy.max_restarts))
         first_mono = self._cycle.first_report_mono
         detect = None if first_mono is None else self._cycle.noticed_mono - first_mono
         try:
