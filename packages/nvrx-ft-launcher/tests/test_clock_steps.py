@@ -25,6 +25,7 @@ from torch.distributed.elastic.multiprocessing.api import SubprocessContext
 
 from nvrx.ft import MonitorEvent
 from nvrx.launcher import ExitCode, _agent
+from nvrx.launcher._cycle_state import CycleState
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -72,7 +73,7 @@ def test_hang_evidence_wait_ends_on_time_when_the_wall_clock_steps_back(
         _agent, "time", types.SimpleNamespace(monotonic=clock.monotonic, time=clock.time)
     )
     agent = object.__new__(_agent.FtAgent)
-    cycle = _agent._Cycle(number=0, started=clock.time(), progress=None)
+    cycle = CycleState(number=0, started=clock.time(), progress=None)
     report = MonitorEvent(
         event="rank_terminated", local_rank=0, rank=0, pid=1, cause="heartbeat_timeout"
     )

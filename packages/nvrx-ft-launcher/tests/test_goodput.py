@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from launcher_testkit import Launcher, read_events  # type: ignore[import-not-found]
 
+from nvrx.launcher._goodput_cli import main
 from nvrx.launcher.goodput import (
     SCHEMA_VERSION,
     Cause,
@@ -22,7 +23,6 @@ from nvrx.launcher.goodput import (
     StragglerWait,
     Timeline,
     account,
-    main,
     records_of_run,
     restart_costs,
     writes_job_summary,

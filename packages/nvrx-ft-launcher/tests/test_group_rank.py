@@ -10,14 +10,9 @@ from torch._C._distributed_c10d import TCPStore
 from torch.distributed.elastic.rendezvous import RendezvousError
 
 from nvrx.launcher import _group_rank
-from nvrx.launcher._group_rank import (
-    InfraKey,
-    _align,
-    _published,
-    _seal,
-    aligned_ranks,
-    infra_key,
-)
+from nvrx.launcher._group_rank import _align, _published, aligned_ranks
+from nvrx.launcher._scheduler_order import InfraKey, infra_key
+from nvrx.launcher._signed_store import seal
 
 
 def test_slurm_procid_wins_over_group_rank_and_torch_order() -> None:
@@ -112,7 +107,7 @@ def test_a_forged_node_key_is_listed_as_a_stranger() -> None:
 
 def test_an_unsigned_node_key_is_refused_when_the_job_has_a_key() -> None:
     server = _server()
-    forged = _seal(None, "run", "nvrx.launcher/infra_rank/1", _published(InfraKey(0, 0), "x", None))
+    forged = seal(None, "run", "nvrx.launcher/infra_rank/1", _published(InfraKey(0, 0), "x", None))
     server.set("nvrx.launcher/infra_rank/1", forged)
     rank, nodes = _align(server, 0, 2, InfraKey(0, 4), "me", key=KEY, run_id="run")
     assert (rank, nodes) == (0, (("me", 0), ("rendezvous-rank-1", 1)))
@@ -132,7 +127,7 @@ def test_a_bad_result_fails_the_round(
 ) -> None:
     monkeypatch.setattr(_group_rank, "_WAIT_S", 1.0)
     server = _server()
-    server.set("nvrx.launcher/group_ranks", _seal(key, "run", "nvrx.launcher/group_ranks", result))
+    server.set("nvrx.launcher/group_ranks", seal(key, "run", "nvrx.launcher/group_ranks", result))
     with pytest.raises(RendezvousError, match="no valid group ranks"):
         _align(server, 1, 2, InfraKey(0, 0), "me", key=KEY if key else None, run_id="run")
 
@@ -140,7 +135,7 @@ def test_a_bad_result_fails_the_round(
 def test_a_signed_result_is_taken() -> None:
     server = _server()
     body = '{"nodes": [["other", 1], ["me", 0]]}'
-    server.set("nvrx.launcher/group_ranks", _seal(KEY, "run", "nvrx.launcher/group_ranks", body))
+    server.set("nvrx.launcher/group_ranks", seal(KEY, "run", "nvrx.launcher/group_ranks", body))
     rank, nodes = _align(server, 1, 2, InfraKey(0, 0), "me", key=KEY, run_id="run")
     assert (rank, nodes) == (0, (("me", 0), ("other", 1)))
 

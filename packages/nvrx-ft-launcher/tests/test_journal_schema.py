@@ -13,7 +13,7 @@ from launcher_testkit import Launcher  # type: ignore[import-not-found]
 
 from nvrx.launcher import ExitCode
 from nvrx.launcher._events import (
-    CycleLog,
+    CycleLogDeriver,
     DecisionTaken,
     Finished,
     Recorder,
@@ -89,7 +89,7 @@ def test_a_run_with_a_restart_and_a_stop_matches_the_schemas(
         cycle.validate(record)
     assert [c["action"] for c in cycles] == ["restart", "stop"]
     # The cycle log is derived from the journal: replaying the journal gives it exactly.
-    replay = CycleLog()
+    replay = CycleLogDeriver()
     assert [c for c in map(replay.feed, records) if c is not None] == cycles
 
 

@@ -14,8 +14,10 @@ from test_coordination import EtcdLikeStore, _restart  # type: ignore[import-not
 from torch._C._distributed_c10d import PrefixStore, Store, TCPStore
 
 from nvrx.launcher._coordination import Action, JobCoordinator, JobState
-from nvrx.launcher._group_rank import InfraKey, _align, _published, _seal
+from nvrx.launcher._group_rank import _align, _published
 from nvrx.launcher._run_nonce import run_nonce, scheduler_attempt, signed_run
+from nvrx.launcher._scheduler_order import InfraKey
+from nvrx.launcher._signed_store import seal
 
 KEY = b"k" * 32
 
@@ -56,7 +58,7 @@ def test_without_a_key_there_is_no_nonce_and_no_store_write() -> None:
 def test_an_invalid_record_is_replaced_and_logged(caplog: pytest.LogCaptureFixture) -> None:
     store = _tcp()
     name = "nvrx.launcher.job/run_nonce/0"
-    forged = json.dumps({"v": 1, "nonce": "0" * 32, "mac": "00" * 32})
+    forged = json.dumps({"v": 1, "body": "0" * 32, "mac": "00" * 32})
     for value in ("garbage", forged):
         store.set(name, value)
         with caplog.at_level(logging.WARNING, logger="nvrx.launcher"):
@@ -136,7 +138,7 @@ def test_group_ranks_of_an_earlier_run_do_not_verify() -> None:
     old_run = signed_run("run", "1" * 32)
     new_run = signed_run("run", "2" * 32)
     name = "nvrx.launcher/infra_rank/1"
-    store.set(name, _seal(KEY, old_run, name, _published(InfraKey(0, 0), "x", None)))
+    store.set(name, seal(KEY, old_run, name, _published(InfraKey(0, 0), "x", None)))
     rank, nodes = _align(store, 0, 2, InfraKey(0, 4), "me", key=KEY, run_id=new_run)
     # The replayed key was ignored: the placeholder, not node "x", holds rendezvous rank 1.
     assert "x" not in [n for n, _ in nodes]

@@ -20,7 +20,8 @@ from torch.distributed.elastic.rendezvous import dynamic_rendezvous
 from torch.distributed.elastic.rendezvous.api import RendezvousTimeoutError
 from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
 
-from nvrx.launcher._group_rank import InfraKey, _align
+from nvrx.launcher._group_rank import _align
+from nvrx.launcher._scheduler_order import InfraKey
 from nvrx.launcher._segment_gate import GateFull, SegmentGate, SegmentLeave
 from nvrx.launcher._segment_id import (
     SEGMENT_ID_ENV,
@@ -359,11 +360,11 @@ def _admit_all(
 def _install_cycle_steps(gate: SegmentGate, handler: Any, journal: Any) -> None:
     """The launcher's cycle steps on ``handler``: its next_rendezvous as the agent calls it."""
     from nvrx.launcher._cluster import ClusterOptions
-    from nvrx.launcher._cycle_steps import CycleSteps
+    from nvrx.launcher._cluster_steps import ClusterSteps
     from nvrx.launcher._events import Recorder
     from nvrx.launcher.journal import JsonLines
 
-    steps = CycleSteps(
+    steps = ClusterSteps(
         ClusterOptions(standby_nodes=True, segments=gate.settings),
         Recorder(JsonLines(journal), JsonLines(None)),
         gate._node,
@@ -451,7 +452,7 @@ def test_gate_ignores_a_forged_key() -> None:
     store.add("nvrx.launcher/segments/seg/0/count", 1)
     store.set(
         "nvrx.launcher/segments/seg/0/slot/0",
-        '{"body": "{\\"node\\": \\"evil\\", \\"domain\\": \\"A\\", \\"tier\\": 0, '
+        '{"v": 1, "body": "{\\"node\\": \\"evil\\", \\"domain\\": \\"A\\", \\"tier\\": 0, '
         '\\"index\\": 0}", "mac": null}',
     )
     gates = _gates(2, "AA")
@@ -646,14 +647,14 @@ def test_a_standby_segment_still_waiting_when_the_job_ends_exits_as_a_standby(
     hosts the store serves it a moment longer, so the others still see the end."""
     from torch.distributed.elastic.rendezvous import RendezvousGracefulExitError
 
-    from nvrx.launcher import _cycle_steps
+    from nvrx.launcher import _staged_rendezvous
 
     server = _store()
     gates = _gates(4, "AABB")
     stores = [_client(server) for _ in gates]
     grace = 2.0  # longer than the gate's poll of the closed rendezvous (1 s)
-    monkeypatch.setattr(_cycle_steps, "_HOST_GRACE_S", grace)
-    monkeypatch.setattr(_cycle_steps, "hosts_store", lambda store: store is stores[2])
+    monkeypatch.setattr(_staged_rendezvous, "HOST_GRACE_S", grace)
+    monkeypatch.setattr(_staged_rendezvous, "hosts_store", lambda store: store is stores[2])
     ended: dict[int, float] = {}
     handlers = [_handler(s, last_call=0.5) for s in stores]
     for i in (2, 3):  # the standbys' next_rendezvous as the agent calls it
@@ -707,13 +708,13 @@ def test_an_elected_node_gone_before_torchs_round_forms_brings_a_new_election(
     cannot form: at the round deadline (torch's last call + keep-alive window + margin,
     not the 60 s join timeout) n0 goes back to the gate, the new election breaks A (n0
     leaves with exit 3, its journal says why) and segment B runs in torch's round."""
-    from nvrx.launcher import _cycle_steps, _segment_gate
-    from nvrx.launcher._agent import LauncherExit
+    from nvrx.launcher import _cluster_steps, _segment_gate
+    from nvrx.launcher._launcher_exit import LauncherExit
 
     monkeypatch.setattr(_segment_gate, "_ROUND_MARGIN_S", 5.0)  # B's round takes 1.5-2.5 s
     monkeypatch.setattr(_segment_gate, "_ROUND_PER_NODE_S", 0.0)
     # This process serves the test's store: n0 would stay to host it until the job ends.
-    monkeypatch.setattr(_cycle_steps, "hosts_store", lambda store: False)
+    monkeypatch.setattr(_cluster_steps, "hosts_store", lambda store: False)
     server = _store()
     gates = _gates(4, "AABB")
     stores = [_client(server) for _ in gates]
@@ -773,7 +774,7 @@ def test_unsigned_counters_from_outside_the_job_decide_nothing(tmp_path: Any) ->
             ("elected", 5),
         ):
             outsider.add(f"{p}{epoch}/{name}" if name != "elected" else p + name, by)
-        outsider.set(f"{p}{epoch}/result", '{"body": "{}", "mac": null}')
+        outsider.set(f"{p}{epoch}/result", '{"v": 1, "body": "{}", "mac": null}')
 
     forge(0)
     gates = _gates(4, "AABB")
@@ -924,9 +925,9 @@ def test_a_broken_segments_store_host_serves_while_nodes_use_the_gate(
     """Nodes at the gate are outside torch's lists: their use of the gate (here: places
     counted in the current epoch) keeps the store host serving; once nothing changes
     for the idle window it stops."""
-    from nvrx.launcher import _cycle_steps
+    from nvrx.launcher import _cluster_steps
 
-    monkeypatch.setattr(_cycle_steps, "_HOST_IDLE_S", 0.0)
+    monkeypatch.setattr(_cluster_steps, "_HOST_IDLE_S", 0.0)
     server = _store()
     gate = _gates(2, "AA")[0]
     store = _client(server)
@@ -941,7 +942,7 @@ def test_a_broken_segments_store_host_serves_while_nodes_use_the_gate(
         keep_alive_max_attempt=1,
     )  # idle window: 1 s keep-alive + 2 x 0.5 s settle
     host = threading.Thread(
-        target=_cycle_steps._host_until_the_job_ends, args=(handler, gate, store), daemon=True
+        target=_cluster_steps._host_until_the_job_ends, args=(handler, gate, store), daemon=True
     )
     other = _client(server)
     started = time.monotonic()

@@ -15,7 +15,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from torch._C._distributed_c10d import TCPStore
 
-from nvrx.launcher._group_rank import InfraKey, _align, replacements, stable_ranks
+from nvrx.launcher._group_rank import _align, replacements, stable_ranks
+from nvrx.launcher._scheduler_order import InfraKey
 
 pytestmark = pytest.mark.timeout(60)
 

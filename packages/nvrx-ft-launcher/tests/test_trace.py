@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from test_goodput import crash_then_finish, rec  # type: ignore[import-not-found]
 
-from nvrx.launcher import goodput
+from nvrx.launcher import _goodput_cli
 from nvrx.launcher._trace import job_trace, slices
 
 pytestmark = pytest.mark.timeout(30)
@@ -110,12 +110,12 @@ def test_cli_writes_the_trace_beside_the_summary(
     journal = tmp_path / "journal.jsonl"
     journal.write_text("".join(json.dumps(r) + "\n" for r in crash_then_finish()))
     out = tmp_path / "trace.json"
-    assert goodput.main([str(journal), "--trace", str(out)]) == 0
+    assert _goodput_cli.main([str(journal), "--trace", str(out)]) == 0
     assert "goodput: ETTR" in capsys.readouterr().out
     trace = json.loads(out.read_text())
     assert trace["otherData"]["job"] == "journal.jsonl"
     assert "cycle 1" in names(trace, "cycles")
     assert out.stat().st_mode & 0o777 == 0o600
     with pytest.raises(SystemExit) as exc:
-        goodput.main([str(journal), "--trace", str(tmp_path / "missing" / "t.json")])
+        _goodput_cli.main([str(journal), "--trace", str(tmp_path / "missing" / "t.json")])
     assert exc.value.code == 2

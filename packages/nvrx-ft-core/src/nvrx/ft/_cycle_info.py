@@ -14,14 +14,21 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import math
 import os
 import pathlib
 import re
-from collections.abc import Mapping, Sequence
-from typing import Any, NoReturn
+from collections.abc import Mapping
+from typing import Any
 
 from nvrx.ft._events import MAX_WALL_S as _MAX_WALL
+from nvrx.ft._file_checks import MAX_SPAN_S as _MAX_SPAN_S
+from nvrx.ft._file_checks import check_schema_version as _check_schema_version
+from nvrx.ft._file_checks import exact_object as _object
+from nvrx.ft._file_checks import fail as _fail
+from nvrx.ft._file_checks import integer as _int
+from nvrx.ft._file_checks import number as _number
+from nvrx.ft._file_checks import sequence as _sequence
+from nvrx.ft._file_checks import text as _text
 from nvrx.ft._files import write_file_atomically
 from nvrx.ft._json_files import read_json_file
 
@@ -46,91 +53,14 @@ MAX_CYCLE_INFO_BYTES = 32 * 1024 * 1024
 
 _logger = logging.getLogger("nvrx.ft.cycle_info")
 
-_MAX_INT = 2**31 - 1
 _MAX_NODES = 100_000
 _MAX_RANKS = 1 << 20
 _MAX_ID_CHARS = 255
 _MAX_TEXT_CHARS = 4096
 #: Wall times are seconds since the epoch; beyond this (year 2242) a value is garbage.
-#: Longest goodput span: ten years of seconds.
-_MAX_SPAN_S = 10 * 365 * 86400.0
 #: Exit codes as torch reports them: 0-255, or minus the signal number.
 _EXIT_CODE_RANGE = (-255, 255)
 _DECIMAL = re.compile(r"0|[1-9][0-9]{0,9}")
-
-
-def _fail(where: str, value: object, why: str) -> NoReturn:
-    shown = repr(value)
-    if len(shown) > 80:
-        shown = shown[:77] + "..."
-    raise ValueError(f"{where}={shown}: {why}")
-
-
-def _int(where: str, value: object, low: int = 0, high: int = _MAX_INT) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        _fail(where, value, "not an integer")
-    if not low <= value <= high:
-        _fail(where, value, f"not in [{low}, {high}]")
-    return value
-
-
-def _number(where: str, value: object, low: float, high: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        _fail(where, value, "not a number")
-    try:
-        result = float(value)
-    except OverflowError:
-        _fail(where, value, "too large")
-    if not math.isfinite(result) or not low <= result <= high:
-        _fail(where, value, f"not a finite number in [{low:g}, {high:g}]")
-    return result
-
-
-def _text(where: str, value: object, limit: int, *, empty: bool = True) -> str:
-    if not isinstance(value, str):
-        _fail(where, value, "not a string")
-    if len(value) > limit or (not empty and not value):
-        _fail(where, value, f"must be {'' if empty else '1-'}{limit} characters")
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        _fail(where, value, "not valid Unicode (a lone surrogate)")
-    return value
-
-
-def _sequence(where: str, value: object, limit: int) -> Sequence[Any]:
-    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
-        _fail(where, value, "not a list")
-    if len(value) > limit:
-        _fail(where, f"<{len(value)} items>", f"more than {limit} items")
-    return value
-
-
-def _check_schema_version(document: object, expected: int) -> None:
-    """A document of another format version is refused before its fields are read."""
-    if isinstance(document, Mapping) and "schema_version" in document:
-        version = document["schema_version"]
-        if type(version) is not int or version != expected:
-            _fail("schema_version", version, f"this nvrx reads version {expected} only")
-
-
-def _object(where: str, value: object, keys: frozenset[str]) -> Mapping[str, Any]:
-    if not isinstance(value, Mapping):
-        _fail(where, value, "not an object")
-    missing = sorted(keys - set(value))
-    extra = sorted(str(k) for k in value if k not in keys)
-    if missing or extra:
-        _fail(where, f"<object with keys {sorted(map(str, value))}>", _keys_why(missing, extra))
-    return value
-
-
-def _keys_why(missing: list[str], extra: list[str]) -> str:
-    parts = []
-    if missing:
-        parts.append(f"missing {missing}")
-    if extra:
-        parts.append(f"unexpected {extra}")
-    return "; ".join(parts)
 
 
 @dataclasses.dataclass(frozen=True)

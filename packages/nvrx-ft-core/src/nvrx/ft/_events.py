@@ -25,20 +25,25 @@ __all__ = [
     "FIRST_STEP_VIA",
     "MAX_EVENT_BYTES",
     "PROC_STATES",
+    "RANK_CONNECTED",
+    "RANK_DISCONNECTED",
+    "RANK_FIRST_STEP",
+    "RANK_TERMINATED",
+    "WORKLOAD_CONTROL",
     "EventSender",
     "MonitorEvent",
     "parse_monitor_event",
 ]
 
 EVENT_VERSION = 1
+#: The kinds of monitor event (their ``event`` field); readers compare with these.
+RANK_CONNECTED = "rank_connected"
+RANK_DISCONNECTED = "rank_disconnected"
+RANK_FIRST_STEP = "rank_first_step"
+RANK_TERMINATED = "rank_terminated"
+WORKLOAD_CONTROL = "workload_control"
 EVENT_KINDS = frozenset(
-    {
-        "rank_connected",
-        "rank_disconnected",
-        "rank_first_step",
-        "rank_terminated",
-        "workload_control",
-    }
+    {RANK_CONNECTED, RANK_DISCONNECTED, RANK_FIRST_STEP, RANK_TERMINATED, WORKLOAD_CONTROL}
 )
 EVENT_CAUSES = frozenset(
     {
@@ -157,7 +162,7 @@ def _parse_monitor_event(data: bytes) -> MonitorEvent:
             isinstance(value, int) and not isinstance(value, bool), f"{key}={value!r} not an int"
         )
     allowed = {"v", "event", "local_rank", "rank", "pid"}
-    if kind == "rank_terminated":
+    if kind == RANK_TERMINATED:
         allowed |= {"cause", "section", "message", *_NUMBERS, "open_sections", "stack"}
         allowed |= {"proc_state", "collective"}
         state = body.get("proc_state")
@@ -186,7 +191,7 @@ def _parse_monitor_event(data: bytes) -> MonitorEvent:
             ),
             f"open_sections={sections!r} is not a list of names",
         )
-    elif kind == "rank_first_step":
+    elif kind == RANK_FIRST_STEP:
         allowed |= {"step_wall", "since_init_s", "via"}
         _require(body.get("via") in FIRST_STEP_VIA, f"via={body.get('via')!r} is not known")
         for key, high in (("step_wall", _MAX_WALL), ("since_init_s", _MAX_WALL)):
@@ -198,7 +203,7 @@ def _parse_monitor_event(data: bytes) -> MonitorEvent:
                 and 0 <= value <= high,
                 f"{key}={value!r} is not a time",
             )
-    elif kind == "workload_control":
+    elif kind == WORKLOAD_CONTROL:
         allowed |= {"action", "description"}
         _require(body.get("action") in _ACTIONS, f"unknown action {body.get('action')!r}")
         _require(isinstance(body.get("description"), str), "description is not a string")

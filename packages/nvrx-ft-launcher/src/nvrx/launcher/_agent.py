@@ -14,8 +14,6 @@ process management, and replaces the run loop so that:
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import json
 import logging
 import math
 import os
@@ -25,7 +23,7 @@ import socket
 import subprocess
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any, cast
 
 from torch.distributed.elastic.agent.server.api import (
@@ -40,135 +38,71 @@ from torch.distributed.elastic.multiprocessing import LogsSpecs
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
 
-from nvrx.ft import STRAGGLER_SCORES_ENV, CycleGoodput, MonitorEvent, WorkloadAction
+from nvrx.ft import STRAGGLER_SCORES_ENV, MonitorEvent
 from nvrx.ft._termination import STACK_DUMP_PAUSE_S
 
 from . import _torch_compat as compat
-from . import goodput
 from ._cluster import ClusterOptions
+from ._cluster_steps import ClusterSteps
 from ._coordination import Decision, JobCoordinator, JobState
-from ._culprit import CulpritFinding, RankEvidence, find_culprit
-from ._cycle_steps import CycleSteps
+from ._cycle_decisions import decider, decision_taken, request_trigger, restart_line
+from ._cycle_end import End, Seen, Workers, cycle_end
+from ._cycle_state import CycleState
 from ._deterministic import FailureSignature, RankOutcome, cycle_signature, repeats
 from ._events import (
     AllNodesFinished,
-    CheckpointRestored,
-    DecisionTaken,
-    FirstStep,
-    HangAttributed,
-    JobGoodput,
     MonitorDied,
-    NodeGoodput,
-    ProgressMoved,
-    RankFailed,
-    RankTerminatedByMonitor,
     Recorder,
-    RestartCostMeasured,
     Restarted,
     RestartFailed,
     StoreValueIgnored,
-    StragglerReported,
-    StragglerReportIgnored,
     WorkersStarted,
     WorkersStopped,
-    WorkloadControl,
 )
+from ._failure_report import (
+    attribute_hang,
+    describe_failures,
+    hang_evidence,
+    journal_failures,
+    name_crashes,
+)
+from ._goodput_feed import GoodputFeed
 from ._job_key import KEY_ENV, KEY_FILE_ENV, load_job_key
+from ._launcher_exit import LauncherExit
 from ._local_ckpt import RestoreWatch
+from ._log_lines import log_line
 from ._monitors import MonitorSupervisor
 from ._numa import NumaPlan
-from ._policy import Progress, RestartPolicy, Trigger, decide, leaves_job, trigger_of
+from ._policy import RestartPolicy, Trigger
 from ._progress import check_progress_file, read_progress
+from ._rank_reports import RankReports
 from ._rendezvous import renew_worker_store
-from ._root_cause import process_failure, root_cause
+from ._root_cause import process_failure
 from ._spares import SparePool, spare_handlers
-from ._straggler_feed import SCORES_FILE_NAME, StragglerFeed
+from ._straggler_feed import SCORES_FILE_NAME
+from ._straggler_reports import StragglerReports
 from ._torch_compat import Store
 from .exit_codes import ExitCode
 from .metrics import NULL_RECORDER, NullRecorder
 
-__all__ = ["FtAgent", "LauncherExit", "RestartPolicy"]
+__all__ = ["FtAgent", "RestartPolicy"]
 
 logger = logging.getLogger("nvrx.launcher")
 
 _WAITING_CHECK_PERIOD_S = 1.0
-_PROGRESS_CHECK_PERIOD_S = 1.0
 # Warm spares start once every rank of the cycle connected to its monitor (its own
 # start-up is over, so they do not compete with it), or after this long regardless.
 _SPARES_AFTER_S = 10.0
-_GOODPUT_GAUGE_PERIOD_S = 5.0
-# How long the job summary's writer waits for the other nodes' goodput timelines.
-_GOODPUT_EXCHANGE_WAIT_S = 5.0
 # After a hang's first report, how long to wait for the other local ranks' reports (each
 # follows its stack dump pause), so the culprit is told from its victims.
 _HANG_EVIDENCE_WAIT_S = STACK_DUMP_PAUSE_S + 1.0
-
-
-class LauncherExit(Exception):
-    """Ends the launcher with ``code`` after the workers were stopped."""
-
-    def __init__(self, code: int, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-@dataclasses.dataclass
-class _Cycle:
-    """What happened in the current cycle on this node."""
-
-    number: int
-    started: float
-    progress: int | None
-    connected: set[int] = dataclasses.field(default_factory=set)
-    terminated: dict[int, MonitorEvent] = dataclasses.field(default_factory=dict)
-    first_report: float | None = None
-    #: Monotonic twins of ``started`` and ``first_report`` (those two label records;
-    #: every wait and duration is measured on these, immune to wall-clock steps).
-    started_mono: float = dataclasses.field(default_factory=time.monotonic)
-    first_report_mono: float | None = None
-    noticed_mono: float = dataclasses.field(default_factory=time.monotonic)
-    spares_started: bool = False
-    #: The first ShutdownWorkload and ExcludeThisNode requests of the cycle, kept until
-    #: a decision ends it (also those that arrive while waiting for hang evidence).
-    shutdown_request: MonitorEvent | None = None
-    exclude_request: MonitorEvent | None = None
-    #: Each local rank's ``rank_first_step`` event, and whether ``first_step`` was journalled.
-    first_steps: dict[int, MonitorEvent] = dataclasses.field(default_factory=dict)
-    first_step_recorded: bool = False
-    #: Pids of the ranks whose crash was already logged (the moment it was seen).
-    crashes_named: set[int] = dataclasses.field(default_factory=set)
-
-    def note_request(self, event: MonitorEvent) -> None:
-        """Keep a workload control request (the first of each kind) for this cycle."""
-        if event.action == WorkloadAction.ShutdownWorkload.name:
-            self.shutdown_request = self.shutdown_request or event
-        elif event.action == WorkloadAction.ExcludeThisNode.name:
-            self.exclude_request = self.exclude_request or event
-
-
-@dataclasses.dataclass
-class _RankPids:
-    """This cycle's rank pids and every earlier cycle's: an event an earlier cycle's rank
-    sent late (drained in the next cycle) must not count there (an early ``first_step``,
-    a rank taken as terminated). The monitor reports the rank's own pid (its socket
-    peer), which is the worker's pid: the NUMA wrapper and the exec shim exec the rank, a
-    warm spare is the rank's process."""
-
-    current: set[int] = dataclasses.field(default_factory=set)
-    earlier: set[int] = dataclasses.field(default_factory=set)
-
-    def new_cycle(self, pids: Iterable[int]) -> None:
-        """The new cycle's workers started with ``pids`` (a reused pid is theirs now)."""
-        self.earlier |= self.current
-        self.current = set(pids)
-        self.earlier -= self.current
-
-    def is_stale(self, pid: int) -> bool:
-        """Whether ``pid`` was an earlier cycle's rank; else it is noted as this cycle's."""
-        if pid in self.earlier:
-            return True
-        self.current.add(pid)
-        return False
+#: torch's worker states as :func:`._cycle_end.cycle_end` reads them (others: healthy).
+_WORKERS = {
+    WorkerState.SUCCEEDED: Workers.SUCCEEDED,
+    WorkerState.FAILED: Workers.FAILED,
+    WorkerState.UNKNOWN: Workers.PIDS_MISMATCH,
+    WorkerState.UNHEALTHY: Workers.UNINTERRUPTIBLE,
+}
 
 
 def _job_key(multi_node: bool) -> bytes | None:
@@ -205,28 +139,6 @@ def _job_key(multi_node: bool) -> bytes | None:
 
 def _on_sigchld(signum: int, frame: object) -> None:
     """Nothing to do here: the wakeup fd already woke the run loop."""
-
-
-def _signal_name(signum: int) -> str:
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return str(signum)
-
-
-def _describe_exit(exitcode: int) -> str:
-    if exitcode < 0:
-        return f"was killed by signal {_signal_name(-exitcode)}"
-    return f"exited with code {exitcode}"
-
-
-def _describe_termination(event: MonitorEvent) -> str:
-    parts = [f"its monitor terminated it: {event.cause}"]
-    if event.section:
-        parts.append(f"section {event.section!r}")
-    if event.observed_s is not None and event.limit_s is not None:
-        parts.append(f"{event.observed_s:.2f} s > limit {event.limit_s:.2f} s")
-    return ", ".join(parts)
 
 
 class FtAgent(LocalElasticAgent):
@@ -273,193 +185,65 @@ class FtAgent(LocalElasticAgent):
         recorder.set_node(self._node)
         self._recorder = recorder
         self._metrics = metrics
-        self._ledger = goodput.Ledger()
-        self._next_goodput_gauge = 0.0
-        # Every journal record (launch.py's too) feeds the goodput ledger.
-        recorder.journal.on_record = self._account
+        self._goodput = GoodputFeed(recorder, metrics)
         self._coord: JobCoordinator | None = None
         self._state = JobState()
-        self._cycle = _Cycle(number=0, started=time.time(), progress=None)  # wall clock: label
+        self._cycle = CycleState(number=0, started=time.time(), progress=None)  # wall clock: label
         #: The last failed cycle's deterministic-looking failure (see ._deterministic).
         self._last_signature: FailureSignature | None = None
-        self._rank_pids = _RankPids()
         self._rendezvous_closed = False
         self._stopping = False
         self._next_waiting_check = 0.0
-        self._next_progress_check = 0.0
-        self._last_progress: int | None = None
         self._wake: socket.socket | None = None
         self._spares = spares
         self._cycle_started = False
         # Health checks, GPU memory wait, NUMA record, cycle-info file, aligned ranks.
-        self._steps = CycleSteps(
+        self._steps = ClusterSteps(
             cluster or ClusterOptions(),
             recorder,
             self._node,
             run_id=spec.rdzv_handler.get_run_id(),
             numa=numa,
-            goodput=self._cycle_goodput,
+            goodput=self._goodput.cycle_goodput,
             job_key=self._job_key,
         )
         self._steps.install(spec.rdzv_handler)
+        # The bus' subscribers, in this order: the cycle-info file, the goodput ledger
+        # (and the restart metrics), the monitors' health gauge, the log lines.
+        recorder.subscribe(self._steps.on_event)
+        recorder.subscribe(self._goodput.on_event)
+        recorder.subscribe(metrics.on_event)
+        recorder.subscribe(log_line)
         # Rank 0's straggler reports come back through a file in our private directory.
-        self._straggler = StragglerFeed(
+        self._straggler = StragglerReports(
             monitors.runtime_dir / SCORES_FILE_NAME,
-            on_ignored=self._journal_bad_scores,
+            recorder,
+            lambda: self._cycle.number,
             metrics=self._metrics,
+            on_recorded=lambda: self._goodput.update_gauges(force=True),
         )
         os.environ[STRAGGLER_SCORES_ENV] = self._straggler.path  # the ranks inherit it
         # What the ranks restored from local checkpoints, journalled once per cycle.
         self._restores = None if local_ckpt_dir is None else RestoreWatch(local_ckpt_dir)
+        self._reports = RankReports(
+            recorder,
+            lambda: self._cycle,
+            lambda: self._worker_group.spec.local_world_size,
+            restores=self._restores,
+            progress_file=policy.progress_file,
+        )
 
     # -- goodput -------------------------------------------------------------------
 
-    def _account(self, record: dict[str, Any]) -> None:
-        """Feed a journal record to the ledger; journal and log each restart cost it completes.
-
-        The cycle-info file follows the journal too.
-        """
-        self._steps.feed(record)
-        for cost in self._ledger.feed(record):
-            self._recorder.record(RestartCostMeasured(cost))
-            logger.info("%s", cost.format())
-            self._update_goodput_gauges(force=True)
-
-    def _cycle_goodput(self) -> CycleGoodput | None:
-        """The job's goodput so far, for the cycle-info file (None before any time passed)."""
-        summary = self._ledger.summary(now=time.time())  # wall clock: label
-        if summary.ettr is None:
-            return None
-        productive = min(summary.seconds[goodput.Phase.PRODUCTIVE], summary.total_s)
-        return CycleGoodput(
-            productive_s=max(0.0, productive),
-            wall_s=summary.total_s,
-            ettr=min(1.0, max(0.0, summary.ettr)),
-        )
-
-    def _count_restart(self, from_cycle: int) -> None:
-        """The restart metrics, as soon as the new cycle's ranks started.
-
-        The journal's cost line waits for the new cycle's first step; the counter does
-        not (its recovery latency then ends at the ranks' start).
-        """
-        if self._metrics is NULL_RECORDER:
-            return
-        try:
-            costs = self._ledger.summary(now=time.time()).restarts  # wall clock: label
-            cost = next((c for c in costs if c.from_cycle == from_cycle), None)
-        except Exception as exc:  # accounting never stops training
-            logger.debug("restart metrics: %r", exc)
-            cost = None
-        if cost is None:
-            self._metrics.restart(goodput.Cause.UNKNOWN, None, None)
-        else:
-            self._metrics.restart(cost.cause, cost.detection_s, cost.recovery_s)
-        self._update_goodput_gauges(force=True)
-
-    def _update_goodput_gauges(self, *, force: bool = False) -> None:
-        """The metrics' goodput gauges, at most every 5 s unless ``force``."""
-        if self._metrics is NULL_RECORDER:
-            return
-        now = time.monotonic()
-        if not force and now < self._next_goodput_gauge:
-            return
-        self._next_goodput_gauge = now + _GOODPUT_GAUGE_PERIOD_S
-        try:
-            self._metrics.goodput(self._ledger.summary(now=time.time()))  # wall clock: label
-        except Exception as exc:  # accounting never stops training
-            logger.debug("goodput gauges: %r", exc)
-
     def _journal_goodput(self) -> None:
-        """At the job's end: the goodput summary in the log (INFO) and the journal.
-
-        One node holding the whole job writes ``job_goodput``. In a multi-node job each
-        node writes its own view as ``node_goodput`` and publishes its timeline to the
-        store (signed); the node of group rank ``goodput.SUMMARY_GROUP_RANK`` waits up
-        to 5 s for the others' and writes ``job_goodput`` over every timeline it got.
-        A straggler report rank 0 wrote as it ended is read first, so it counts.
-        """
-        self._read_straggler_scores(now=True)
-        try:
-            now = time.time()  # wall clock: label (the ledger's timeline is record labels)
-            summary = self._ledger.summary(now=now)
-            if (self._worker_group.group_world_size or 1) <= 1:
-                logger.info("%s", summary.format())
-                self._recorder.record(JobGoodput(summary.to_json()))
-                self._metrics.goodput(summary)
-                return
-            logger.info("this node's %s", summary.format())
-            self._recorder.record(NodeGoodput(summary.to_json()))
-            self._metrics.goodput(summary)
-            self._journal_job_goodput(now)
-        except Exception as exc:  # accounting never changes the job's outcome
-            logger.warning("no goodput summary: %r", exc)
-
-    def _journal_job_goodput(self, now: float) -> None:
-        """Exchange the nodes' timelines; the summary writer journals the job's account."""
-        coord = self._coordinator()
-        cycle = self._cycle.number
-        mine = self._ledger.timeline()
-        coord.publish_timeline(cycle, json.dumps(mine.to_json(), sort_keys=True))
-        if not goodput.writes_job_summary(mine, self._node):
-            return
-        world = self._worker_group.group_world_size or 1
-
-        def parse(raw: bytes) -> goodput.Timeline:
-            return goodput.Timeline.from_json(json.loads(raw))
-
-        got = coord.timelines(cycle, world, _GOODPUT_EXCHANGE_WAIT_S, parse)
-        summary = goodput.account(goodput.Timeline.merge([mine, *got]), now=now)
-        if summary.nodes < world:
-            logger.warning(
-                "job goodput covers %d of %d nodes (the others' timelines did not come "
-                "within %.0f s)",
-                summary.nodes,
-                world,
-                _GOODPUT_EXCHANGE_WAIT_S,
-            )
-        logger.info("job %s", summary.format())
-        self._recorder.record(JobGoodput(summary.to_json()))
-        self._metrics.goodput(summary)
-
-    # -- straggler reports -----------------------------------------------------------
-
-    def _read_straggler_scores(self, *, now: bool = False) -> None:
-        """Rank 0's new straggler report: the score gauges, a journal record, the goodput.
-
-        The record (``straggler_report``) carries the report's wait fraction and window,
-        from which the ledger (and the job summary's merge) takes the straggler wait.
-        ``now``: look at once (the last look before a new cycle starts).
-        """
-        scores = self._straggler.poll_now() if now else self._straggler.poll()
-        if scores is None:
-            return
-        cycle = self._straggler.cycle_of(scores)  # when it was written, not when read
-        try:
-            self._straggler.show(scores)
-            wait = self._straggler.wait(scores)
-            worst = self._straggler.worst(scores)
-            self._recorder.record(
-                StragglerReported(
-                    cycle=self._cycle.number if cycle is None else cycle,
-                    written_at=scores.written_at,
-                    window_start=None if wait is None else wait.start,
-                    window_end=None if wait is None else wait.end,
-                    wait_fraction=None if wait is None else wait.fraction,
-                    forward_section=scores.forward_section,
-                    step_section=scores.step_section,
-                    ranks=self._straggler.rank_count(scores),
-                    worst_rank=None if worst is None else worst[0],
-                    worst_score=None if worst is None else worst[1],
-                )
-            )
-            self._update_goodput_gauges(force=True)
-        except Exception as exc:  # a report for information never stops the job
-            logger.warning("straggler report not recorded: %r", exc)
-
-    def _journal_bad_scores(self, why: str) -> None:
-        self._recorder.record(
-            StragglerReportIgnored(cycle=self._cycle.number, path=self._straggler.path, why=why)
+        """At the job's end: the goodput summary (a straggler report rank 0 wrote as it
+        ended is read first, so it counts)."""
+        self._straggler.record_new(now=True)
+        self._goodput.journal_summary(
+            nodes=self._worker_group.group_world_size or 1,
+            node=self._node,
+            cycle=self._cycle.number,
+            coordinator=self._coordinator,
         )
 
     # -- what the launcher asks after the run ------------------------------------
@@ -535,8 +319,8 @@ class FtAgent(LocalElasticAgent):
             self._metrics.monitor_health(local_rank, True)
         self._steps.before_start(self._state.cycle, restart=self._cycle_started)
         if self._cycle_started:  # a report the last cycle's rank 0 wrote just before it ended
-            self._read_straggler_scores(now=True)
-        self._cycle = _Cycle(
+            self._straggler.record_new(now=True)
+        self._cycle = CycleState(
             number=self._state.cycle,
             started=time.time(),  # wall clock: label
             progress=read_progress(self._policy.progress_file),
@@ -556,7 +340,7 @@ class FtAgent(LocalElasticAgent):
             self._restores.start_cycle(self._cycle.number, worker_group.spec.local_world_size)
         with spare_handlers(self._spares) as handlers:
             worker_ids: dict[int, Any] = super()._start_workers(worker_group)
-        self._rank_pids.new_cycle(worker_ids.values())
+        self._reports.rank_pids.new_cycle(worker_ids.values())
         warm = sorted(h.local_rank_id for h in handlers if h.warm)
         if warm:
             logger.info("local ranks %s started from warm spares", warm)
@@ -684,19 +468,12 @@ class FtAgent(LocalElasticAgent):
         causes: list[str] = []
         self._handle_events(self._monitors.drain_events(), noticed)
         self._maybe_start_spares(wg.spec.local_world_size)
-        self._journal_progress()
-        self._journal_restore()
-        self._read_straggler_scores()
-        self._update_goodput_gauges()
+        self._reports.journal_progress()
+        self._reports.journal_restore()
+        self._straggler.record_new()
+        self._goodput.update_gauges()
         for local_rank, code in sorted(self._monitors.dead().items()):
             served = local_rank in self._cycle.connected
-            logger.error(
-                "the monitor of local rank %d died (exit code %s); starting a new one%s",
-                local_rank,
-                code,
-                " and restarting, since its rank was unwatched" if served else "",
-            )
-            self._metrics.monitor_health(local_rank, False)
             self._recorder.record(
                 MonitorDied(
                     cycle=self._cycle.number,
@@ -712,30 +489,21 @@ class FtAgent(LocalElasticAgent):
         coord = self._coordinator()
         cycle = self._cycle.number
         decision = coord.decided(cycle)
-        if decision is not None:
-            return self._apply(decision, noticed)
-        requested = self._decide_on_request()
-        if requested is not None:
-            return self._apply(requested[0], noticed, exclusion_requested=requested[1])
-
         result = self._monitor_workers(wg)
-        repeated_error: str | None = None
-        if result.state == WorkerState.FAILED:
-            self._name_crashes(result)
-            if self._await_hang_evidence():
-                result = self._monitor_workers(wg)
-                # A request that came while waiting still wins over the failure.
-                requested = self._decide_on_request()
-                if requested is not None:
-                    return self._apply(requested[0], noticed, exclusion_requested=requested[1])
-            finding = self._attribute_hang()
-            if finding is not None:
-                causes.insert(0, "hang: " + finding.sentence)
-            causes.extend(self._describe_failures(result))
-            repeated_error = self._repeated_error(self._journal_failures(result))
-        elif result.state == WorkerState.UNKNOWN:
-            causes.append("torch's check found the worker pids do not match its process context")
-        elif result.state == WorkerState.UNHEALTHY:
+        seen = Seen(
+            decided=decision is not None,
+            shutdown_requested=self._cycle.shutdown_request is not None,
+            exclude_requested=self._cycle.exclude_request is not None,
+            workers=_WORKERS.get(result.state, Workers.HEALTHY),
+            watched_monitor_died=bool(causes),
+            nodes_waiting=self._nodes_waiting(),
+        )
+        end = cycle_end(seen)
+        if end is End.FOLLOW and decision is not None:
+            return self._apply(decision, noticed)
+        if end in (End.SHUTDOWN_REQUEST, End.EXCLUDE_REQUEST):
+            return self._apply_request(noticed)
+        if end is End.UNINTERRUPTIBLE:
             # torch's D-state check: a wedged rank holds a kernel resource (GPU, NIC) a
             # new rank on this node would conflict with, so this node leaves the job.
             reason = (
@@ -744,171 +512,64 @@ class FtAgent(LocalElasticAgent):
             )
             decision = coord.decide(cycle, self._decider(Trigger.EXCLUDE_REQUEST, reason))
             return self._apply(decision, noticed, exclusion_requested=True)
-        if causes:
-            if result.state != WorkerState.FAILED:
-                self._last_signature = None  # a dead monitor: not a deterministic failure
-            reason = f"on node {self._node}: " + "; ".join(causes)
-            decision = coord.decide(cycle, self._decider(Trigger.FAILURE, reason, repeated_error))
-            return self._apply(decision, noticed)
-        if result.state == WorkerState.SUCCEEDED:
+        if end is End.FAILURE:
+            return self._end_on_failure(result, causes, noticed)
+        if end is End.SUCCESS:
             return self._finish(result)
-        if self._nodes_waiting() > 0:
+        if end is End.NODES_WAITING:
             reason = "new nodes are waiting to join"
             decision = coord.decide(cycle, self._decider(Trigger.NODES_WAITING, reason))
             return self._apply(decision, noticed)
         return None
 
-    def _decide_on_request(self) -> tuple[Decision, bool] | None:
-        """The cycle's decision on a rank's ShutdownWorkload or ExcludeThisNode request.
+    def _apply_request(self, noticed: float) -> RunResult | None:
+        """End the cycle on a rank's request (there is one: :func:`cycle_end` said so)."""
+        requested = self._decide_on_request()
+        if requested is None:
+            raise AssertionError("no rank request to end the cycle on")
+        return self._apply(requested[0], noticed, exclusion_requested=requested[1])
 
-        Returns it with whether this node asked to leave, or None when no rank asked.
-        """
-        coord = self._coordinator()
+    def _end_on_failure(
+        self, result: RunResult, causes: list[str], noticed: float
+    ) -> RunResult | None:
+        """Decide on a failure: name it, wait for hang evidence, attribute it, decide."""
+        repeated_error: str | None = None
+        if result.state == WorkerState.FAILED:
+            name_crashes(self._cycle, result)
+            if self._await_hang_evidence():
+                result = self._monitor_workers(self._worker_group)
+                # A request that came while waiting still wins over the failure.
+                again = Seen(
+                    shutdown_requested=self._cycle.shutdown_request is not None,
+                    exclude_requested=self._cycle.exclude_request is not None,
+                    workers=Workers.FAILED,
+                )
+                if cycle_end(again) in (End.SHUTDOWN_REQUEST, End.EXCLUDE_REQUEST):
+                    return self._apply_request(noticed)
+            finding = attribute_hang(self._cycle, self._worker_group, self._recorder)
+            if finding is not None:
+                causes.insert(0, "hang: " + finding.sentence)
+            causes.extend(describe_failures(self._cycle, result))
+            pc = compat.worker_processes(self)
+            stderrs = pc.stderrs if pc is not None else {}
+            outcomes = journal_failures(self._cycle, result, stderrs, self._recorder)
+            repeated_error = self._repeated_error(outcomes)
+        else:
+            if result.state == WorkerState.UNKNOWN:
+                causes.append(
+                    "torch's check found the worker pids do not match its process context"
+                )
+            self._last_signature = None  # a dead monitor: not a deterministic failure
+        reason = f"on node {self._node}: " + "; ".join(causes)
         cycle = self._cycle.number
-        shutdown = self._cycle.shutdown_request
-        if shutdown is not None:
-            reason = (
-                f"rank {shutdown.rank} on node {self._node} requested ShutdownWorkload: "
-                f"{shutdown.description}"
-            )
-            return coord.decide(cycle, self._decider(Trigger.SHUTDOWN_REQUEST, reason)), False
-        exclude = self._cycle.exclude_request
-        if exclude is not None:
-            reason = (
-                f"rank {exclude.rank} asked to exclude node {self._node}: {exclude.description}"
-            )
-            return coord.decide(cycle, self._decider(Trigger.EXCLUDE_REQUEST, reason)), True
-        return None
+        decision = self._coordinator().decide(
+            cycle, self._decider(Trigger.FAILURE, reason, repeated_error)
+        )
+        return self._apply(decision, noticed)
 
     def _handle_events(self, events: list[MonitorEvent], noticed: float) -> None:
-        """Act on the monitors' events; workload control requests are kept on the cycle."""
-        for event in events:
-            if self._rank_pids.is_stale(event.pid):
-                logger.debug(
-                    "dropped %s of an earlier cycle's rank (pid %d)", event.event, event.pid
-                )
-                continue
-            if event.event == "rank_connected":
-                self._cycle.connected.add(event.local_rank)
-                logger.debug("rank %d (local %d) connected", event.rank, event.local_rank)
-            elif event.event == "rank_disconnected":
-                self._cycle.connected.discard(event.local_rank)
-            elif event.event == "rank_terminated":
-                self._cycle.terminated[event.local_rank] = event
-                if self._cycle.first_report is None:
-                    self._cycle.first_report = noticed
-                    self._cycle.first_report_mono = time.monotonic()
-                self._recorder.record(
-                    RankTerminatedByMonitor(
-                        cycle=self._cycle.number,
-                        rank=event.rank,
-                        local_rank=event.local_rank,
-                        pid=event.pid,
-                        cause=event.cause,
-                        section=event.section,
-                        observed_s=event.observed_s,
-                        limit_s=event.limit_s,
-                        message=event.message,
-                        last_activity_s=event.last_activity_s,
-                        last_activity_wall=event.last_activity_wall,
-                        last_heartbeat_s=event.last_heartbeat_s,
-                        open_sections=(
-                            None if event.open_sections is None else list(event.open_sections)
-                        ),
-                        stack=None if event.stack is None else event.stack.to_json(),
-                        proc_state=event.proc_state,
-                        collective=None if event.collective is None else event.collective.to_json(),
-                    )
-                )
-                logger.warning(
-                    "monitor of local rank %d is terminating rank %d (pid %d): %s",
-                    event.local_rank,
-                    event.rank,
-                    event.pid,
-                    event.message,
-                )
-            elif event.event == "rank_first_step":
-                self._note_first_step(event)
-            elif event.event == "workload_control":
-                logger.warning(
-                    "rank %d (local rank %d, pid %d) requests %s: %s",
-                    event.rank,
-                    event.local_rank,
-                    event.pid,
-                    event.action,
-                    event.description,
-                )
-                self._recorder.record(
-                    WorkloadControl(
-                        cycle=self._cycle.number,
-                        rank=event.rank,
-                        local_rank=event.local_rank,
-                        pid=event.pid,
-                        action=event.action,
-                        description=event.description,
-                    )
-                )
-                self._cycle.note_request(event)
-
-    def _note_first_step(self, event: MonitorEvent) -> None:
-        """Journal the cycle's ``first_step`` once every local rank finished its first step."""
-        if event.step_wall is None:
-            return
-        cycle = self._cycle
-        cycle.first_steps.setdefault(event.local_rank, event)
-        local = self._worker_group.spec.local_world_size
-        if cycle.first_step_recorded or len(cycle.first_steps) < local:
-            return
-        cycle.first_step_recorded = True
-        self._journal_restore(final=True)  # the restore came before: its record first
-        steps = cycle.first_steps.values()
-        self._recorder.record(
-            FirstStep(
-                cycle=cycle.number,
-                first_step=max(e.step_wall or 0.0 for e in steps),
-                since_init_s=max(e.since_init_s or 0.0 for e in steps),
-                local_ranks=sorted(cycle.first_steps),
-            )
-        )
-
-    def _journal_restore(self, *, final: bool = False) -> None:
-        """Journal what this node's ranks restored this cycle, once (local checkpoints).
-
-        ``final``: the first step or the cycle's end, when the records there are all
-        there will be. Reading them never stops the job.
-        """
-        if self._restores is None:
-            return
-        try:
-            restore = self._restores.poll(final=final)
-        except Exception as exc:  # a record for information never stops the job
-            logger.debug("restore records: %r", exc)
-            return
-        if restore is None:
-            return
-        self._recorder.record(
-            CheckpointRestored(
-                cycle=self._cycle.number,
-                source=restore.source,
-                iteration=restore.iteration,
-                snapshot_wall=restore.snapshot_wall,
-                restore_s=restore.restore_s,
-                ranks=restore.ranks,
-            )
-        )
-        at = "" if restore.iteration is None else f" iteration {restore.iteration}"
-        logger.info(
-            "cycle %d: ranks restored%s from %s in %.2f s (%s)",
-            self._cycle.number,
-            at,
-            restore.source,
-            restore.restore_s,
-            ", ".join(f"local rank {r}: {s}" for r, s in restore.ranks.items()),
-        )
-
-    def _hang_evidence(self) -> list[RankEvidence]:
-        found = map(RankEvidence.from_event, self._cycle.terminated.values())
-        return [e for e in found if e is not None]
+        """Act on the monitors' events (:meth:`._rank_reports.RankReports.handle`)."""
+        self._reports.handle(events, noticed)
 
     def _await_hang_evidence(self) -> bool:
         """After a hang's first report, wait briefly for the other local ranks' reports.
@@ -917,7 +578,7 @@ class FtAgent(LocalElasticAgent):
         victim's report follows its own stack dump pause; deciding on the culprit's alone
         would leave the victims unseen. Returns whether it waited.
         """
-        if not self._hang_evidence() or self._cycle.first_report_mono is None:
+        if not hang_evidence(self._cycle) or self._cycle.first_report_mono is None:
             return False
         pc = compat.worker_processes(self)
         handlers = {} if pc is None else pc.subprocess_handlers
@@ -932,19 +593,6 @@ class FtAgent(LocalElasticAgent):
             self._wait(min(left, 0.05))
             self._handle_events(self._monitors.drain_events(), time.time())  # wall clock: label
 
-    def _attribute_hang(self) -> CulpritFinding | None:
-        """Name the hung rank of this cycle (or say why not); journaled and logged once."""
-        evidence = self._hang_evidence()
-        if not evidence:
-            return None
-        wg = self._worker_group
-        world = wg.workers[0].world_size if wg.workers else None
-        single_node = world is not None and wg.spec.local_world_size == world
-        finding = find_culprit(evidence, world_size=world if single_node else None)
-        logger.warning("hang in cycle %d: %s", self._cycle.number, finding.sentence)
-        self._recorder.record(HangAttributed(cycle=self._cycle.number, **finding.to_json()))
-        return finding
-
     def _maybe_start_spares(self, local_world_size: int) -> None:
         if self._spares is None or self._cycle.spares_started:
             return
@@ -953,23 +601,6 @@ class FtAgent(LocalElasticAgent):
             self._cycle.spares_started = True
             started = self._spares.fill()
             logger.debug("warm spares started for local ranks %s", started)
-
-    def _journal_progress(self) -> None:
-        """Journal the progress marker when it moved (a file read at most once a second)."""
-        path = self._policy.progress_file
-        now = time.monotonic()
-        if path is None or now < self._next_progress_check:
-            return
-        self._next_progress_check = now + _PROGRESS_CHECK_PERIOD_S
-        value = read_progress(path)
-        if value is None or value == self._last_progress:
-            return
-        self._last_progress = value
-        try:
-            saved: float | None = os.stat(path).st_mtime
-        except OSError:
-            saved = None
-        self._recorder.record(ProgressMoved(cycle=self._cycle.number, value=value, saved=saved))
 
     def _nodes_waiting(self) -> int:
         # Reads the whole rendezvous state from the store: once a second is plenty for
@@ -980,47 +611,6 @@ class FtAgent(LocalElasticAgent):
             return 0
         self._next_waiting_check = now + _WAITING_CHECK_PERIOD_S
         return handler.num_nodes_waiting()
-
-    def _name_crashes(self, result: RunResult) -> None:
-        """Log each crashed rank the moment it is seen, before the others are stopped.
-
-        The decision's line (restart or stop) follows only once the survivors have
-        stopped (up to --workers-stop-timeout); this one names the rank at once, as
-        torchrun's ``exitcode`` line does. A rank its monitor terminated (a hang) is
-        named by the hang line instead.
-        """
-        for global_rank, failure in sorted(result.failures.items()):
-            if failure.local_rank in self._cycle.terminated:
-                continue
-            if failure.pid in self._cycle.crashes_named:
-                continue
-            self._cycle.crashes_named.add(failure.pid)
-            logger.error(
-                "rank %d (local rank %d, pid %d) %s in cycle %d; stopping the other ranks",
-                global_rank,
-                failure.local_rank,
-                failure.pid,
-                _describe_exit(failure.exitcode),
-                self._cycle.number,
-            )
-
-    def _describe_failures(self, result: RunResult) -> list[str]:
-        out = []
-        for global_rank, failure in sorted(result.failures.items()):
-            text = f"rank {global_rank} (local rank {failure.local_rank}, pid {failure.pid}) "
-            text += _describe_exit(failure.exitcode)
-            event = self._cycle.terminated.get(failure.local_rank)
-            if event is not None:
-                text += "; " + _describe_termination(event)
-            out.append(text)
-        failed = {f.local_rank for f in result.failures.values()}
-        for local_rank, event in sorted(self._cycle.terminated.items()):
-            if local_rank not in failed:
-                out.append(
-                    f"rank {event.rank} (local rank {local_rank}, pid {event.pid}) is being "
-                    f"stopped; {_describe_termination(event)}"
-                )
-        return out
 
     def _journal_rejected(self, key: str, why: str) -> None:
         self._recorder.record(StoreValueIgnored(cycle=self._cycle.number, key=key, why=why))
@@ -1033,71 +623,30 @@ class FtAgent(LocalElasticAgent):
         self._last_signature = signature
         return signature.describe() if repeated and signature is not None else None
 
-    def _journal_failures(self, result: RunResult) -> list[RankOutcome]:
-        pc = compat.worker_processes(self)
-        stderrs = pc.stderrs if pc is not None else {}
-        outcomes = []
-        for global_rank, failure in sorted(result.failures.items()):
-            event = self._cycle.terminated.get(failure.local_rank)
-            code = failure.exitcode
-            cause = root_cause(failure, stderrs.get(failure.local_rank))
-            outcomes.append(
-                RankOutcome(
-                    rank=global_rank,
-                    exitcode=code,
-                    terminated_by_monitor=event is not None,
-                    traceback=None if cause is None else cause.traceback,
-                    message=None if cause is None else cause.message,
-                )
-            )
-            if cause is not None:
-                logger.error(
-                    "root cause of rank %d (local rank %d) failing, from its %s:\n%s",
-                    global_rank,
-                    failure.local_rank,
-                    "error file (@record)" if cause.source == "error_file" else "stderr",
-                    cause.traceback or cause.message,
-                )
-            self._recorder.record(
-                RankFailed(
-                    cycle=self._cycle.number,
-                    rank=global_rank,
-                    local_rank=failure.local_rank,
-                    pid=failure.pid,
-                    exit_code=code if code >= 0 else None,
-                    signal=_signal_name(-code) if code < 0 else None,
-                    monitor_cause=event.cause if event else None,
-                    section=event.section if event else None,
-                    observed_s=event.observed_s if event else None,
-                    limit_s=event.limit_s if event else None,
-                    root_cause=None if cause is None else cause.to_json(),
-                )
-            )
-        return outcomes
-
     # -- decisions (computed by the node that claims the cycle) ---------------------
 
     def _decider(
         self, trigger: Trigger, reason: str, repeated_error: str | None = None
     ) -> Callable[[JobState], Decision]:
         """What the coordinator calls, with the job state, if this node wins the cycle."""
+        return decider(
+            trigger,
+            reason,
+            policy=self._policy,
+            node=self._node,
+            progress_before=self._cycle.progress,
+            repeated_error=repeated_error,
+        )
 
-        def make(state: JobState) -> Decision:
-            progress = Progress()
-            if trigger is Trigger.FAILURE and self._policy.tracks_progress:
-                now = read_progress(self._policy.progress_file)
-                progress = Progress(before=self._cycle.progress, after=now)
-            return decide(
-                state,
-                trigger,
-                policy=self._policy,
-                node=self._node,
-                reason=reason,
-                progress=progress,
-                repeated_error=repeated_error,
-            )
-
-        return make
+    def _decide_on_request(self) -> tuple[Decision, bool] | None:
+        """The cycle's decision on a rank's request, with whether this node asked to leave."""
+        request = request_trigger(self._cycle, self._node)
+        if request is None:
+            return None
+        trigger, reason, leaves = request
+        return self._coordinator().decide(
+            self._cycle.number, self._decider(trigger, reason)
+        ), leaves
 
     # -- acting on a decision --------------------------------------------------------
 
@@ -1105,33 +654,24 @@ class FtAgent(LocalElasticAgent):
         self, decision: Decision, noticed: float, *, exclusion_requested: bool = False
     ) -> RunResult | None:
         wg = self._worker_group
-        local = decision.node == self._node
-        excluded = leaves_job(decision, self._node, requested=exclusion_requested)
-        action = "exclude" if excluded else decision.action.value
-        exit_code = int(ExitCode.NODE_EXCLUDED) if excluded else decision.exit_code
         cycle = self._cycle.number
-        self._journal_restore(final=True)
-        self._recorder.record(
-            DecisionTaken(
-                cycle=cycle,
-                action=action,
-                reason=decision.reason,
-                decided_by=decision.node,
-                charged=decision.charged,
-                restart_count=decision.state.cycle,
-                restarts_charged=decision.state.charged,
-                exit_code=None if action == "restart" else exit_code,
-                failure_noticed=noticed,
-                trigger=trigger_of(decision).value,
-            )
+        self._reports.journal_restore(final=True)
+        taken, exit_code = decision_taken(
+            decision,
+            self._node,
+            cycle=cycle,
+            noticed=noticed,
+            exclusion_requested=exclusion_requested,
         )
+        self._recorder.record(taken)
+        action = taken.action
         t0_mono, noticed_mono = time.monotonic(), self._cycle.noticed_mono
         self._stop_workers(wg)
         wg.state = WorkerState.STOPPED
         stopped, stopped_mono = time.time(), time.monotonic()  # wall clock: label
         self._recorder.record(WorkersStopped(cycle=cycle, workers_stopped=stopped))
         if action != "restart":
-            if excluded:
+            if action == "exclude":
                 self._leave_rendezvous()
             else:
                 self._journal_goodput()
@@ -1142,19 +682,7 @@ class FtAgent(LocalElasticAgent):
             raise LauncherExit(exit_code, decision.reason)
 
         self._state = decision.state
-        budget = (
-            f"restart {decision.state.charged}/{self._policy.max_restarts}"
-            if decision.charged
-            else "restart (not charged to --max-restarts)"
-        )
-        logger.warning(
-            "%s, cycle %d -> %d, %s: %s",
-            budget,
-            cycle,
-            decision.state.cycle,
-            "decided here" if local else f"decided by {decision.node}",
-            decision.reason,
-        )
+        logger.warning("%s", restart_line(decision, cycle, self._node, self._policy.max_restarts))
         first_mono = self._cycle.first_report_mono
         detect = None if first_mono is None else self._cycle.noticed_mono - first_mono
         try:
@@ -1169,15 +697,6 @@ class FtAgent(LocalElasticAgent):
             wg.workers[local_rank].id = worker_id
         wg.state = WorkerState.HEALTHY
         started, started_mono = time.time(), time.monotonic()  # wall clock: label
-        logger.warning(
-            "restarted in %.2f s (stop %.2f s, rendezvous %.2f s, start %.2f s); "
-            "TORCHELASTIC_RESTART_COUNT=%d",
-            started_mono - t0_mono,
-            stopped_mono - t0_mono,
-            rendezvous_mono - stopped_mono,
-            started_mono - rendezvous_mono,
-            decision.state.cycle,
-        )
         self._recorder.record(
             Restarted(
                 from_cycle=cycle,
@@ -1194,7 +713,6 @@ class FtAgent(LocalElasticAgent):
                 workers_started=started,
             )
         )
-        self._count_restart(cycle)
         return None
 
     def _finish(self, result: RunResult) -> RunResult | None:
@@ -1204,7 +722,7 @@ class FtAgent(LocalElasticAgent):
         world = self._worker_group.group_world_size or 1
         logger.debug("local workers finished")
         coord.arrive(cycle)
-        self._journal_restore(final=True)
+        self._reports.journal_restore(final=True)
         deadline = time.monotonic() + self._policy.exit_barrier_timeout
         logger.info("local workers finished; waiting for %d node(s) in all", world)
         while coord.arrived(cycle) < world:

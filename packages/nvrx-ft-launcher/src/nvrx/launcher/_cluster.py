@@ -2,7 +2,7 @@
 
 Health checks before each rendezvous (:mod:`._node_health`), the GPU memory wait before
 each restart (:mod:`._gpu_memory`), NUMA binding (:mod:`._numa`), the cycle-info file
-(:mod:`._cycle_records`) and per-cycle application logs (:mod:`._app_logs`) each read
+(:mod:`._cycle_info_writer`) and per-cycle application logs (:mod:`._app_logs`) each read
 their part of :class:`ClusterOptions`; :func:`cluster_options` builds it at start-up
 and refuses a bad value there (ValueError naming the option or variable: exit 2).
 """

@@ -43,7 +43,6 @@ import contextlib
 import dataclasses
 import datetime
 import enum
-import hashlib
 import json
 import logging
 import os
@@ -53,8 +52,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ._job_key import sign, verify
 from ._run_nonce import run_nonce, scheduler_attempt, signed_run
+from ._signed_store import RejectHook, Rejections, SignedStore
 from ._torch_compat import PrefixStore, Store
 from .exit_codes import ExitCode
 
@@ -62,16 +61,12 @@ __all__ = ["Action", "Decision", "JobCoordinator", "JobState", "StopCause", "bas
 
 logger = logging.getLogger("nvrx.launcher")
 
-#: Version of the values under ``nvrx.launcher.<run_id>/``; bumped on any change.
-WIRE_VERSION = 1
 _MAX_VALUE_BYTES = 64 * 1024
 _MAX_TEXT = 4096
 _MAX_COUNT = 2**31 - 1
 # How far JobCoordinator.state() follows published decisions past the state hint.
 _MAX_WALK = 100_000
 _POLL_S = 0.05
-# compare-and-set rounds against values that keep being replaced by invalid ones.
-_MAX_CAS_TRIES = 16
 # Goodput timelines read by the summary writer, at most (a forged counter cannot make
 # it read more).
 _MAX_TIMELINES = 4096
@@ -225,10 +220,6 @@ def base_store(store: Store) -> Store:
     return store
 
 
-#: Called with (store key, why it was ignored) for each value ignored (once per value).
-RejectHook = Callable[[str, str], None]
-
-
 class _DecisionWatch:
     """A daemon thread that blocks in ``wait`` until the watched decision key exists.
 
@@ -334,8 +325,6 @@ class JobCoordinator:
         self._run_id = run_id
         self._node = node
         self._key = key
-        self._on_reject = on_reject
-        self._rejected: set[tuple[str, bytes]] = set()
         self._watch: _DecisionWatch | None = None
         self._watch_tried = False
         self._decided: tuple[int, Decision] | None = None
@@ -343,7 +332,16 @@ class JobCoordinator:
         if attempt is None:
             attempt = scheduler_attempt(os.environ)
         #: The run as signed values name it (run id and nonce).
-        self._signed_run = signed_run(run_id, run_nonce(self._base, key, run_id, attempt))
+        run = signed_run(run_id, run_nonce(self._base, key, run_id, attempt))
+        #: Every value this coordinator signs and reads (:mod:`._signed_store`).
+        self._signed = SignedStore(
+            self._store,
+            key,
+            run,
+            prefix=self._prefix,
+            rejections=Rejections(on_reject),
+            max_bytes=_MAX_VALUE_BYTES,
+        )
 
     @property
     def node(self) -> str:
@@ -355,18 +353,10 @@ class JobCoordinator:
         """True when values are signed and checked with a job key."""
         return self._key is not None
 
-    # -- the envelope ----------------------------------------------------------------
-
-    def _context(self, name: str) -> str:
-        return f"nvrx.launcher/v{WIRE_VERSION}/{self._signed_run}/{name}"
-
-    def _envelope(self, name: str, body: str) -> str:
-        raw = body.encode("utf-8")
-        mac = None if self._key is None else sign(self._key, self._context(name), raw)
-        return json.dumps({"v": WIRE_VERSION, "body": body, "mac": mac}, separators=(",", ":"))
+    # -- signed values (:mod:`._signed_store`) -----------------------------------------
 
     def _publish(self, name: str, body: str) -> None:
-        self._store.set(name, self._envelope(name, body))
+        self._signed.set(name, body)
 
     def _publish_decision(self, cycle: int, decision: Decision) -> Decision | None:
         """Put ``decision`` under the cycle's key unless a valid one is there; the one in force.
@@ -376,71 +366,18 @@ class JobCoordinator:
         compare-and-set (torch's EtcdStore).
         """
         key = f"cycle/{cycle}/decision"
-        value = self._envelope(key, decision.to_json())
-        expected: str | bytes = ""
-        for _ in range(_MAX_CAS_TRIES):
-            try:
-                now = self._store.compare_set(key, expected, value)  # type: ignore[arg-type]
-            except (RuntimeError, NotImplementedError) as exc:
-                logger.debug("no compare-and-set on this store: %s", exc)
-                return None
-            if now == value.encode("utf-8"):
-                return decision
-            found = self.poll(cycle)
-            if found is not None:
-                return found
-            expected = now  # an invalid value (forged, or garbage): replace exactly it
-        return None
-
-    def _body(self, name: str, data: bytes) -> bytes:
-        """The verified body of the value ``data`` stored under ``name``."""
-        try:
-            envelope = _loads(data)
-        except (ValueError, UnicodeDecodeError, RecursionError) as exc:
-            raise ValueError(f"not a JSON envelope ({exc})") from None
-        if not isinstance(envelope, dict) or set(envelope) != {"v", "body", "mac"}:
-            raise ValueError("not an envelope with fields v, body, mac")
-        if envelope["v"] != WIRE_VERSION:
-            raise ValueError(f"wire version {envelope['v']!r}, expected {WIRE_VERSION}")
-        body, mac = envelope["body"], envelope["mac"]
-        if not isinstance(body, str) or not (mac is None or isinstance(mac, str)):
-            raise ValueError("body must be a string and mac a string or null")
-        raw = body.encode("utf-8")
-        if self._key is not None and (
-            mac is None or not verify(self._key, self._context(name), raw, mac)
-        ):
-            raise ValueError(
-                "not signed with this job's key (NVRX_JOB_KEY) for this run (a value "
-                "of an earlier run of the job does not verify)"
-            )
-        return raw
+        ours = self._signed.compare_set(
+            key,
+            decision.to_json(),
+            stands=lambda data: self._signed.parse(key, data, self._decision_of(cycle)) is not None,
+        )
+        if ours is None:
+            return None
+        return decision if ours else self.poll(cycle)
 
     def _read(self, name: str, parse: Callable[[bytes], Any]) -> Any:
         """The parsed value under ``name``, or None when absent or rejected."""
-        if not self._store.check([name]):
-            return None
-        data = self._store.get(name)
-        try:
-            return parse(self._body(name, data))
-        except ValueError as exc:
-            self._reject(name, data, str(exc))
-            return None
-
-    def _reject(self, name: str, data: bytes, why: str) -> None:
-        seen = (name, hashlib.sha256(data).digest())  # bounded memory, whatever was written
-        if seen in self._rejected:
-            return
-        if len(self._rejected) < 1024:
-            self._rejected.add(seen)
-        logger.warning(
-            "ignoring the value under %s/%s in the rendezvous store: %s (value %r)",
-            self._prefix,
-            name,
-            why,
-            data[:120],
-        )
-        if self._on_reject is not None:
-            self._on_reject(f"{self._prefix}/{name}", why)
+        return self._signed.read(name, lambda body: parse(body.encode("utf-8")))
 
     # -- decisions -------------------------------------------------------------------
 
@@ -462,10 +399,17 @@ class JobCoordinator:
 
     def poll(self, cycle: int) -> Decision | None:
         """The valid decision of ``cycle`` if one was published; one store round trip."""
-        key = f"cycle/{cycle}/decision"
+        result: Decision | None = self._signed.read(
+            f"cycle/{cycle}/decision", self._decision_of(cycle)
+        )
+        return result
 
-        def parse(raw: bytes) -> Decision:
-            decision = Decision.from_json(raw)
+    @staticmethod
+    def _decision_of(cycle: int) -> Callable[[str], Decision]:
+        """The parser of ``cycle``'s decision: well formed, and leading where it must."""
+
+        def parse(body: str) -> Decision:
+            decision = Decision.from_json(body.encode("utf-8"))
             if not _fits(decision, cycle):
                 raise ValueError(
                     f"a {decision.action.value} of cycle {cycle} leading to cycle "
@@ -473,8 +417,7 @@ class JobCoordinator:
                 )
             return decision
 
-        result: Decision | None = self._read(key, parse)
-        return result
+        return parse
 
     def decided(self, cycle: int) -> Decision | None:
         """The valid decision of ``cycle`` once one is published; for the agent's tick.

@@ -4,7 +4,7 @@ Every fact the launcher reports about a run is one of the dataclasses below, wri
 to the journal (``--ft-journal``) by :class:`Recorder`. The cycle log
 (``--ft-cycle-log``: one record per cycle end) is not written separately: the recorder
 derives each of its records from the journal events that end a cycle
-(:class:`CycleLog`), and ``CycleLog`` applied to a journal file offline gives the same
+(:class:`CycleLogDeriver`), and ``CycleLogDeriver`` applied to a journal file offline gives the same
 records. The record formats are versioned and described by the JSON Schemas in
 ``schemas/`` (see :mod:`.journal`).
 """
@@ -12,13 +12,21 @@ records. The record formats are versioned and described by the JSON Schemas in
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
-from typing import Any, ClassVar
+from collections.abc import Callable
+from typing import Any, ClassVar, TypeVar
 
+from . import _event_names as names
 from .goodput import RestartCost
 from .journal import JsonLines
 
 __all__: list[str] = []
+
+logger = logging.getLogger("nvrx.launcher")
+
+
+E = TypeVar("E", bound="Event")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,11 +40,34 @@ class Event:
         return {"event": self.EVENT, **dataclasses.asdict(self)}
 
 
+def _json_value(value: Any) -> Any:
+    """A monitor event's field as a journal record holds it (JSON types only)."""
+    if hasattr(value, "to_json"):
+        return value.to_json()
+    if isinstance(value, tuple):
+        return list(value)
+    return value
+
+
+def from_monitor_event(kind: type[E], cycle: int, event: Any) -> E:
+    """The journal event ``kind`` of a monitor's ``event`` in ``cycle``.
+
+    Every field of ``kind`` but ``cycle`` is the monitor event's field of that name (its
+    JSON form), so a field added to both needs no copying by hand.
+    """
+    values = {
+        field.name: _json_value(getattr(event, field.name))
+        for field in dataclasses.fields(kind)
+        if field.name != "cycle"
+    }
+    return kind(cycle=cycle, **values)  # type: ignore[call-arg]  # every such kind has it
+
+
 @dataclasses.dataclass(frozen=True)
 class RunStarted(Event):
     """The launcher starts (once per launcher), with what it was asked to run."""
 
-    EVENT: ClassVar[str] = "run_start"
+    EVENT: ClassVar[str] = names.RUN_START
     run_id: str
     min_nodes: int
     max_nodes: int
@@ -51,7 +82,7 @@ class RunStarted(Event):
 class Finished(Event):
     """The launcher ends with ``exit_code`` (its last record)."""
 
-    EVENT: ClassVar[str] = "finished"
+    EVENT: ClassVar[str] = names.FINISHED
     exit_code: int
     reason: str
 
@@ -60,7 +91,7 @@ class Finished(Event):
 class RestartCostMeasured(Event):
     """What one restart cost, by phase (:class:`~nvrx.launcher.goodput.RestartCost`)."""
 
-    EVENT: ClassVar[str] = "restart_cost"
+    EVENT: ClassVar[str] = names.RESTART_COST
     cost: RestartCost
 
     def to_record(self) -> dict[str, Any]:
@@ -72,7 +103,7 @@ class RestartCostMeasured(Event):
 class JobGoodput(Event):
     """The job's goodput account at its end (:meth:`~nvrx.launcher.goodput.Summary.to_json`)."""
 
-    EVENT: ClassVar[str] = "job_goodput"
+    EVENT: ClassVar[str] = names.JOB_GOODPUT
     summary: dict[str, Any]
 
 
@@ -80,7 +111,7 @@ class JobGoodput(Event):
 class NodeGoodput(Event):
     """This node's goodput account at its end, in a multi-node job."""
 
-    EVENT: ClassVar[str] = "node_goodput"
+    EVENT: ClassVar[str] = names.NODE_GOODPUT
     summary: dict[str, Any]
 
 
@@ -88,7 +119,7 @@ class NodeGoodput(Event):
 class WorkersStarted(Event):
     """This node's ranks of a cycle started."""
 
-    EVENT: ClassVar[str] = "workers_started"
+    EVENT: ClassVar[str] = names.WORKERS_STARTED
     cycle: int
     restart_count: int
     group_rank: int | None
@@ -102,7 +133,7 @@ class WorkersStarted(Event):
 class RankTerminatedByMonitor(Event):
     """A rank's monitor found it hung (or unhealthy) and is terminating it."""
 
-    EVENT: ClassVar[str] = "rank_terminated_by_monitor"
+    EVENT: ClassVar[str] = names.RANK_TERMINATED_BY_MONITOR
     cycle: int
     rank: int
     local_rank: int
@@ -128,7 +159,7 @@ class RankTerminatedByMonitor(Event):
 class FirstStep(Event):
     """Every local rank of the cycle finished its first iteration (``rank_first_step``)."""
 
-    EVENT: ClassVar[str] = "first_step"
+    EVENT: ClassVar[str] = names.FIRST_STEP
     cycle: int
     #: When the last local rank finished its first iteration (Unix time).
     first_step: float
@@ -141,7 +172,7 @@ class FirstStep(Event):
 class CycleStarted(Event):
     """The ranks of a cycle are about to be spawned on this node (cycle-info file's start)."""
 
-    EVENT: ClassVar[str] = "cycle_start"
+    EVENT: ClassVar[str] = names.CYCLE_START
     cycle: int
     restart_count: int
     group_rank: int | None
@@ -156,7 +187,7 @@ class CycleStarted(Event):
 class NodeUnhealthy(Event):
     """A health check before a rendezvous failed: this node leaves the job (exit 3)."""
 
-    EVENT: ClassVar[str] = "node_unhealthy"
+    EVENT: ClassVar[str] = names.NODE_UNHEALTHY
     #: The job cycle it was about to join (0 at start).
     cycle: int
     #: ``[{"check": "storage" | "nic" | "gpu" | "command", "reason": "..."}]``
@@ -172,7 +203,7 @@ class NodeReplaced(Event):
     Journalled by every node that was in the round before, when the cycle starts.
     """
 
-    EVENT: ClassVar[str] = "node_replaced"
+    EVENT: ClassVar[str] = names.NODE_REPLACED
     #: The cycle the standby joins.
     cycle: int
     group_rank: int
@@ -189,7 +220,7 @@ class CheckpointRestored(Event):
     local rank wrote its record (or at the first step, with those that did).
     """
 
-    EVENT: ClassVar[str] = "checkpoint_restored"
+    EVENT: ClassVar[str] = names.CHECKPOINT_RESTORED
     cycle: int
     #: The node's source: ``own``, ``peer``, ``global`` or ``none`` (the first of these
     #: in the order global, none, peer, own that any local rank reports).
@@ -212,7 +243,7 @@ class SegmentLeft(Event):
     the broken one's place at the restart.
     """
 
-    EVENT: ClassVar[str] = "segment_left"
+    EVENT: ClassVar[str] = names.SEGMENT_LEFT
     #: The segment (NVLink domain id, or NVRX_SEGMENT_ID).
     segment: str
     #: Why, e.g. "1 of its 2 nodes did not come back to the restart".
@@ -225,7 +256,7 @@ class SegmentLeft(Event):
 class GpuMemoryReclaim(Event):
     """After a cycle's ranks stopped, before the next start: did the GPU memory come back."""
 
-    EVENT: ClassVar[str] = "gpu_memory_reclaim"
+    EVENT: ClassVar[str] = names.GPU_MEMORY_RECLAIM
     #: The cycle about to start.
     cycle: int
     #: False: timed out.
@@ -243,7 +274,7 @@ class GpuMemoryReclaim(Event):
 class NumaBinding(Event):
     """How the ranks of a start were bound to NUMA nodes (NVRX_GPUS_PER_NUMA set)."""
 
-    EVENT: ClassVar[str] = "numa_binding"
+    EVENT: ClassVar[str] = names.NUMA_BINDING
     cycle: int
     #: ``numactl``, ``sched_setaffinity`` or ``none``.
     method: str
@@ -259,7 +290,7 @@ class NumaBinding(Event):
 class HangAttributed(Event):
     """Which rank of a hang is the likely culprit and which waited on it (or undecided)."""
 
-    EVENT: ClassVar[str] = "hang_attributed"
+    EVENT: ClassVar[str] = names.HANG_ATTRIBUTED
     cycle: int
     culprit: int | None
     victims: list[int]
@@ -276,7 +307,7 @@ class HangAttributed(Event):
 class WorkloadControl(Event):
     """A rank asked to exclude its node or to shut the workload down."""
 
-    EVENT: ClassVar[str] = "workload_control"
+    EVENT: ClassVar[str] = names.WORKLOAD_CONTROL
     cycle: int
     rank: int
     local_rank: int
@@ -289,7 +320,7 @@ class WorkloadControl(Event):
 class MonitorDied(Event):
     """A rank monitor died and is being replaced."""
 
-    EVENT: ClassVar[str] = "monitor_died"
+    EVENT: ClassVar[str] = names.MONITOR_DIED
     cycle: int
     local_rank: int
     exit_code: int | None
@@ -300,7 +331,7 @@ class MonitorDied(Event):
 class RankFailed(Event):
     """A rank failed: how it ended, what its monitor found, its own traceback."""
 
-    EVENT: ClassVar[str] = "rank_failed"
+    EVENT: ClassVar[str] = names.RANK_FAILED
     cycle: int
     rank: int
     local_rank: int
@@ -318,7 +349,7 @@ class RankFailed(Event):
 class ProgressMoved(Event):
     """The value in --ft-progress-file changed (read at most once a second)."""
 
-    EVENT: ClassVar[str] = "progress"
+    EVENT: ClassVar[str] = names.PROGRESS
     cycle: int
     value: int
     #: The file's modification time (Unix time): when the training saved that state.
@@ -333,7 +364,7 @@ class StragglerReported(Event):
     wait; the metrics' ``nvrx_straggler_score`` gauges hold the per-rank scores.
     """
 
-    EVENT: ClassVar[str] = "straggler_report"
+    EVENT: ClassVar[str] = names.STRAGGLER_REPORT
     cycle: int
     #: When rank 0 wrote the report (Unix time).
     written_at: float
@@ -362,7 +393,7 @@ class StragglerReportIgnored(Event):
     The log says so once per launcher (WARNING; later ones at DEBUG).
     """
 
-    EVENT: ClassVar[str] = "straggler_report_ignored"
+    EVENT: ClassVar[str] = names.STRAGGLER_REPORT_IGNORED
     cycle: int
     path: str
     why: str
@@ -372,7 +403,7 @@ class StragglerReportIgnored(Event):
 class StoreValueIgnored(Event):
     """A value in the rendezvous store was malformed or not signed with the job key."""
 
-    EVENT: ClassVar[str] = "store_value_ignored"
+    EVENT: ClassVar[str] = names.STORE_VALUE_IGNORED
     cycle: int
     key: str
     why: str
@@ -382,7 +413,7 @@ class StoreValueIgnored(Event):
 class DecisionTaken(Event):
     """The job-wide decision this node follows at the end of a cycle."""
 
-    EVENT: ClassVar[str] = "decision"
+    EVENT: ClassVar[str] = names.DECISION
     cycle: int
     #: ``restart``, ``stop``, ``shutdown`` or ``exclude`` (this node leaves).
     action: str
@@ -404,7 +435,7 @@ class DecisionTaken(Event):
 class WorkersStopped(Event):
     """This node's ranks were stopped after a decision."""
 
-    EVENT: ClassVar[str] = "workers_stopped"
+    EVENT: ClassVar[str] = names.WORKERS_STOPPED
     cycle: int
     workers_stopped: float
 
@@ -413,7 +444,7 @@ class WorkersStopped(Event):
 class Restarted(Event):
     """This node restarted its ranks: phases in seconds, times as Unix time."""
 
-    EVENT: ClassVar[str] = "restart"
+    EVENT: ClassVar[str] = names.RESTART
     from_cycle: int
     cycle: int
     charged: bool
@@ -432,7 +463,7 @@ class Restarted(Event):
 class RestartFailed(Event):
     """The re-rendezvous of a restart failed; the launcher ends."""
 
-    EVENT: ClassVar[str] = "restart_failed"
+    EVENT: ClassVar[str] = names.RESTART_FAILED
     cycle: int
     error: str
 
@@ -441,11 +472,11 @@ class RestartFailed(Event):
 class AllNodesFinished(Event):
     """Every node's ranks finished the cycle successfully."""
 
-    EVENT: ClassVar[str] = "all_nodes_finished"
+    EVENT: ClassVar[str] = names.ALL_NODES_FINISHED
     cycle: int
 
 
-class CycleLog:
+class CycleLogDeriver:
     """Derives the cycle log's records from journal records, one cycle end at a time."""
 
     def __init__(self) -> None:
@@ -504,13 +535,29 @@ class CycleLog:
         return out
 
 
+#: A subscriber of the bus: called with each event and its journal record (stamped with
+#: ``schema_version``, ``t`` and ``node``), before the record is written.
+Subscriber = Callable[[Event, dict[str, Any]], None]
+
+
 class Recorder:
-    """Writes each event to the journal, and the cycle records derived from them."""
+    r"""The launcher's event bus: every fact is published here once, as a typed event.
+
+    Its own sinks are the journal (each event's record) and the cycle log (the records
+    :class:`CycleLogDeriver` derives from them); everything else that follows the facts
+    (the cycle-info file, the goodput ledger, the metrics) :meth:`subscribe`\ s. A
+    subscriber runs before the event's journal line is written, in subscription order,
+    so what it publishes in turn (a ``restart_cost``) is journalled first; what it
+    raises is logged once and otherwise ignored (following the facts never stops the
+    launcher).
+    """
 
     def __init__(self, journal: JsonLines, cycle_log: JsonLines) -> None:
         self._journal = journal
         self._cycle_log = cycle_log
-        self._cycles = CycleLog()
+        self._cycles = CycleLogDeriver()
+        self._subscribers: list[Subscriber] = []
+        self._subscriber_warned = False
 
     @property
     def journal(self) -> JsonLines:
@@ -521,13 +568,23 @@ class Recorder:
         """Name this launcher in every later journal and cycle record."""
         self._journal.node = self._cycle_log.node = node
 
+    def subscribe(self, subscriber: Subscriber) -> None:
+        """Call ``subscriber`` with every later event (after those subscribed before)."""
+        self._subscribers.append(subscriber)
+
     def record(self, event: Event) -> None:
-        """Write ``event`` (and the cycle record it completes); never raises for I/O."""
+        """Publish ``event``: subscribers, the journal, the cycle log; never raises for I/O."""
         record = event.to_record()
         record["t"] = time.time()  # wall clock: label
+        self._journal.stamp(record)
+        for subscriber in self._subscribers:
+            try:
+                subscriber(event, record)
+            except Exception as exc:  # following the facts never stops the launcher
+                if not self._subscriber_warned:
+                    self._subscriber_warned = True
+                    logger.warning("journal subscriber failed: %r (further errors not logged)", exc)
         self._journal.write(record)
-        if self._journal.node is not None:
-            record.setdefault("node", self._journal.node)
         cycle = self._cycles.feed(record)
         if cycle is not None:
             self._cycle_log.write(cycle)

@@ -30,9 +30,12 @@ from datetime import timedelta
 
 from torch.distributed.elastic.rendezvous import RendezvousError, RendezvousHandler, RendezvousInfo
 
-from ._job_key import sign, verify
 from ._run_nonce import run_nonce, scheduler_attempt, signed_run
+from ._scheduler_order import MAX_INDEX as _MAX_INDEX
+from ._scheduler_order import InfraKey, infra_key
 from ._segments import whole_segments
+from ._signed_store import SignedStore
+from ._staged_rendezvous import StagedRendezvous
 from ._torch_compat import Store
 
 __all__: list[str] = []
@@ -45,56 +48,7 @@ _KEY = "nvrx.launcher/infra_rank/"
 _RESULT = "nvrx.launcher/group_ranks"
 #: How long a node waits for the others' keys (they publish right after the round).
 _WAIT_S = 60.0
-_MAX_INDEX = 10**7
 _POLL_S = 0.1
-
-
-@dataclasses.dataclass(frozen=True, order=True)
-class InfraKey:
-    """What orders a node: scheduler index first, then GROUP_RANK, then torch's rank.
-
-    ``tier`` is 0 for SLURM_PROCID, 1 for GROUP_RANK, 2 for neither (then ``index`` is
-    torch's rank, its stable order).
-    """
-
-    tier: int
-    index: int
-
-    def to_json(self) -> str:
-        return json.dumps({"tier": self.tier, "index": self.index})
-
-    @classmethod
-    def from_json(cls, text: bytes | str) -> InfraKey:
-        """Parse a published key; ValueError for anything but two small ints."""
-        try:
-            data = json.loads(text)
-        except ValueError:
-            raise ValueError(f"not an infra rank key: {text!r}") from None
-        if not isinstance(data, dict) or set(data) != {"tier", "index"}:
-            raise ValueError(f"not an infra rank key: {text!r}")
-        tier, index = data["tier"], data["index"]
-        if not all(type(v) is int for v in (tier, index)):
-            raise ValueError(f"not an infra rank key: {text!r}")
-        if not (0 <= tier <= 2 and 0 <= index <= _MAX_INDEX):
-            raise ValueError(f"infra rank key out of range: {text!r}")
-        return cls(tier, index)
-
-
-def _index(env: Mapping[str, str], name: str) -> int | None:
-    text = env.get(name, "").strip()
-    # ASCII digits only: str.isdigit() also passes "²", which int() refuses.
-    if not (text.isascii() and text.isdigit()) or int(text) > _MAX_INDEX:
-        return None
-    return int(text)
-
-
-def infra_key(env: Mapping[str, str], torch_rank: int) -> InfraKey:
-    """This node's key: SLURM_PROCID if set, else GROUP_RANK, else torch's rank."""
-    for tier, name in enumerate(("SLURM_PROCID", "GROUP_RANK")):
-        index = _index(env, name)
-        if index is not None:
-            return InfraKey(tier, index)
-    return InfraKey(2, torch_rank)
 
 
 def aligned_ranks(keys: Sequence[InfraKey]) -> list[int]:
@@ -189,48 +143,18 @@ def _parse_published(text: bytes | str) -> _Published:
     return _Published(InfraKey.from_json(json.dumps(data)), node, prev, segment)
 
 
-def _context(run_id: str, name: str) -> str:
-    # run_id is the signed run (:func:`._run_nonce.signed_run`): run id and nonce.
-    return f"nvrx.launcher/v1/{run_id}/{name}"
-
-
-def _seal(key: bytes | None, run_id: str, name: str, body: str) -> str:
-    """``body`` in an envelope, signed with the job key (bound to run id and store key)."""
-    mac = None if key is None else sign(key, _context(run_id, name), body.encode("utf-8"))
-    return json.dumps({"body": body, "mac": mac})
-
-
-def _unseal(key: bytes | None, run_id: str, name: str, raw: bytes | str) -> str:
-    """The body of an envelope from the store; ValueError unless well formed (and signed)."""
-    try:
-        data = json.loads(raw)
-    except ValueError:
-        raise ValueError(f"{name}: not an envelope") from None
-    if not isinstance(data, dict) or set(data) != {"body", "mac"}:
-        raise ValueError(f"{name}: not an envelope")
-    body, mac = data["body"], data["mac"]
-    if not isinstance(body, str):
-        raise ValueError(f"{name}: not an envelope")
-    if key is not None and not (
-        isinstance(mac, str) and verify(key, _context(run_id, name), body.encode("utf-8"), mac)
-    ):
-        raise ValueError(f"{name}: missing or wrong MAC (not written with this job's key)")
-    return body
-
-
-def _gather(store: Store, world_size: int, key: bytes | None, run_id: str) -> list[_Published]:
+def _gather(signed: SignedStore, world_size: int) -> list[_Published]:
     """Every node's published key and id (torch's rank 0 only: one wait, one multi_get)."""
     names = [f"{_KEY}{r}" for r in range(world_size)]
-    store.wait(names, timedelta(seconds=_WAIT_S))
+    signed.store.wait(names, timedelta(seconds=_WAIT_S))
     found = []
-    for r, raw in enumerate(store.multi_get(names)):
-        try:
-            found.append(_parse_published(_unseal(key, run_id, names[r], raw)))
-        except ValueError as exc:
-            # A value nobody of this job wrote: that node will not find itself in the
-            # result, and its round fails (RendezvousError) instead of running twice.
-            logger.warning("ignoring the group rank key of rendezvous rank %d: %s", r, exc)
-            found.append(_Published(InfraKey(2, r), f"rendezvous-rank-{r}", None))
+    for r, raw in enumerate(signed.store.multi_get(names)):
+        published = signed.parse(names[r], raw, _parse_published)
+        if published is None:
+            # A value nobody of this job wrote (logged): that node will not find itself
+            # in the result, and its round fails (RendezvousError) instead of running twice.
+            published = _Published(InfraKey(2, r), f"rendezvous-rank-{r}", None)
+        found.append(published)
     return found
 
 
@@ -303,10 +227,11 @@ def _align(
     """
     name = f"{_KEY}{torch_rank}"
     deadline = time.monotonic() + _WAIT_S
+    signed = SignedStore(store, key, run_id)
     try:
-        store.set(name, _seal(key, run_id, name, _published(mine, node, previous, segment)))
+        signed.set(name, _published(mine, node, previous, segment))
         if torch_rank == 0:
-            found = _gather(store, world_size, key, run_id)
+            found = _gather(signed, world_size)
             keys = [p.key for p in found]
             prev = [p.previous for p in found]
             ranks = stable_ranks(keys, prev) if stable else aligned_ranks(keys)
@@ -317,13 +242,13 @@ def _align(
                 body = json.dumps({"error": refusal})
             else:
                 body = json.dumps({"nodes": [[p.node, ranks[r]] for r, p in enumerate(found)]})
-            store.set(_RESULT, _seal(key, run_id, _RESULT, body))
+            signed.set(_RESULT, body)
         said = False
         while True:
             left = deadline - time.monotonic()
             store.wait([_RESULT], timedelta(seconds=max(0.1, left)))
             try:
-                body = _unseal(key, run_id, _RESULT, store.get(_RESULT))
+                body = signed.unseal(_RESULT, store.get(_RESULT))
                 return _parse_result(body, world_size, torch_rank, node)
             except _RoundRefused as exc:
                 raise RendezvousError(f"torch's rank 0 refused the round: {exc}") from None
@@ -382,58 +307,56 @@ class GroupRankAligner:
         self._said_own_store = False
 
     def install(self, handler: RendezvousHandler) -> None:
-        """Wrap ``handler.next_rendezvous`` (this handler only; torch's class is untouched)."""
-        original = handler.next_rendezvous
+        """Align ``handler``'s rounds (its stage 4 alone, :mod:`._staged_rendezvous`)."""
+        StagedRendezvous(handler, aligner=self).install()
 
-        def next_rendezvous() -> RendezvousInfo:
-            info = original()
-            if not getattr(handler, "use_agent_store", True):
-                # Torch's rank 0 hosts no store for the workers then: the worker of
-                # RANK 0 starts one at MASTER_ADDR, which is torch's rank-0 node. A rank
-                # 0 elsewhere would bind an address that is not its own and hang.
-                if not self._said_own_store:
-                    self._said_own_store = True
-                    logger.warning(
-                        "group ranks follow the rendezvous order, not SLURM_PROCID/"
-                        "GROUP_RANK (nor stay stable for standby nodes): this rendezvous "
-                        "does not share its store with the workers "
-                        "(TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, or the etcd backend)"
-                    )
-                return info
-            placed = None if self._place is None else self._place()
-            mine = infra_key(self._env, info.rank) if placed is None else InfraKey(0, placed[0])
-            before = self.nodes
-            if self._signed_run is None:
-                nonce = run_nonce(info.store, self._key, self._run_id, scheduler_attempt(self._env))
-                self._signed_run = signed_run(self._run_id, nonce)
-            rank, self.nodes = _align(
-                info.store,
-                info.rank,
-                info.world_size,
-                mine,
-                self._node,
-                self._rank if self._stable else None,
-                stable=self._stable,
-                key=self._key,
-                run_id=self._signed_run,
-                segment=None if placed is None else placed[1],
-                segment_size=self._segment_size,
-            )
-            self._rank = rank
-            if self._stable and len(before) > 1:
-                self.replaced = replacements(before, self.nodes)
-                for group_rank, left, by in self.replaced:
-                    logger.warning("node %s replaced %s as group rank %d", by, left, group_rank)
-            if rank != info.rank:
-                logger.info(
-                    "group rank %d (from %s; the rendezvous numbered this node %d)",
-                    rank,
-                    "the segment gate"
-                    if placed is not None
-                    else ("SLURM_PROCID", "GROUP_RANK", "the rendezvous order")[mine.tier],
-                    info.rank,
+    def align(self, handler: RendezvousHandler, info: RendezvousInfo) -> RendezvousInfo:
+        """``info`` of a round torch just formed, with this node's aligned group rank."""
+        if not getattr(handler, "use_agent_store", True):
+            # Torch's rank 0 hosts no store for the workers then: the worker of
+            # RANK 0 starts one at MASTER_ADDR, which is torch's rank-0 node. A rank
+            # 0 elsewhere would bind an address that is not its own and hang.
+            if not self._said_own_store:
+                self._said_own_store = True
+                logger.warning(
+                    "group ranks follow the rendezvous order, not SLURM_PROCID/"
+                    "GROUP_RANK (nor stay stable for standby nodes): this rendezvous "
+                    "does not share its store with the workers "
+                    "(TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, or the etcd backend)"
                 )
-            bootstrap = info.bootstrap_store_info
-            return RendezvousInfo(info.store, rank, info.world_size, bootstrap)  # type: ignore[arg-type]
-
-        handler.next_rendezvous = next_rendezvous  # type: ignore[method-assign]
+            return info
+        placed = None if self._place is None else self._place()
+        mine = infra_key(self._env, info.rank) if placed is None else InfraKey(0, placed[0])
+        before = self.nodes
+        if self._signed_run is None:
+            nonce = run_nonce(info.store, self._key, self._run_id, scheduler_attempt(self._env))
+            self._signed_run = signed_run(self._run_id, nonce)
+        rank, self.nodes = _align(
+            info.store,
+            info.rank,
+            info.world_size,
+            mine,
+            self._node,
+            self._rank if self._stable else None,
+            stable=self._stable,
+            key=self._key,
+            run_id=self._signed_run,
+            segment=None if placed is None else placed[1],
+            segment_size=self._segment_size,
+        )
+        self._rank = rank
+        if self._stable and len(before) > 1:
+            self.replaced = replacements(before, self.nodes)
+            for group_rank, left, by in self.replaced:
+                logger.warning("node %s replaced %s as group rank %d", by, left, group_rank)
+        if rank != info.rank:
+            logger.info(
+                "group rank %d (from %s; the rendezvous numbered this node %d)",
+                rank,
+                "the segment gate"
+                if placed is not None
+                else ("SLURM_PROCID", "GROUP_RANK", "the rendezvous order")[mine.tier],
+                info.rank,
+            )
+        bootstrap = info.bootstrap_store_info
+        return RendezvousInfo(info.store, rank, info.world_size, bootstrap)  # type: ignore[arg-type]

@@ -33,11 +33,12 @@ from torch.distributed.launcher.api import LaunchConfig
 from nvrx.ft import FaultToleranceConfig
 
 from . import metrics
-from ._agent import FtAgent, LauncherExit, RestartPolicy
+from ._agent import FtAgent, RestartPolicy
 from ._cluster import ClusterOptions
 from ._events import Finished, Recorder, RunStarted
 from ._exec_shim import shim_args
 from ._flight_env import enable_flight_recorder
+from ._launcher_exit import LauncherExit
 from ._local_ckpt import SPARE_PRELOAD, LocalCkptOptions, NodeDirectory
 from ._monitors import MonitorSupervisor
 from ._numa import NumaPlan, machine_plan, wrap_command

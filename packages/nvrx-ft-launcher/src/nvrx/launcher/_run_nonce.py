@@ -24,14 +24,13 @@ Without a job key nothing is signed, so there is no nonce and no store operation
 from __future__ import annotations
 
 import datetime
-import json
 import logging
 import re
 import secrets
 from collections.abc import Mapping
 
-from ._cycle_records import cycle_info_attempt
-from ._job_key import sign, verify
+from ._cycle_info_writer import cycle_info_attempt
+from ._signed_store import SignedStore
 from ._torch_compat import PrefixStore, Store
 
 __all__: list[str] = []
@@ -57,39 +56,25 @@ def signed_run(run_id: str, nonce: str | None) -> str:
     return run_id if nonce is None else f"{run_id}#{nonce}"
 
 
-def _unwrap(store: Store) -> Store:
+def _signed(store: Store, key: bytes, run_id: str) -> SignedStore:
+    """The run's values under ``nvrx.launcher.<run id>/``, signed over the run id alone."""
     while isinstance(store, PrefixStore):
         store = store.underlying_store
-    return store
+    prefix = f"nvrx.launcher.{run_id}"
+    return SignedStore(
+        PrefixStore(prefix, store), key, run_id, prefix=prefix, max_bytes=_MAX_RECORD_BYTES
+    )
 
 
-def _names(run_id: str, attempt: int) -> tuple[str, str]:
-    """(store key, signing context) of the run's nonce record."""
-    name = f"nvrx.launcher.{run_id}/run_nonce/{attempt}"
-    return name, f"nvrx.launcher/v1/{run_id}/run_nonce/{attempt}"
+def _nonce(body: str) -> str:
+    if not _NONCE_RE.fullmatch(body):
+        raise ValueError("not a nonce of 32 hex digits")
+    return body
 
 
-def _record(key: bytes, context: str, nonce: str) -> str:
-    mac = sign(key, context, nonce.encode("ascii"))
-    return json.dumps({"v": 1, "nonce": nonce, "mac": mac}, separators=(",", ":"))
-
-
-def _parse(key: bytes, context: str, data: bytes) -> str:
-    """The nonce in a record; ValueError unless well formed and signed with ``key``."""
-    if len(data) > _MAX_RECORD_BYTES:
-        raise ValueError(f"{len(data)} bytes, more than {_MAX_RECORD_BYTES}")
-    try:
-        record = json.loads(data.decode("utf-8"))
-    except (ValueError, UnicodeDecodeError, RecursionError):
-        raise ValueError("not a JSON run nonce record") from None
-    if not isinstance(record, dict) or set(record) != {"v", "nonce", "mac"}:
-        raise ValueError("not a run nonce record with fields v, nonce, mac")
-    nonce, mac = record["nonce"], record["mac"]
-    if record["v"] != 1 or not isinstance(nonce, str) or not _NONCE_RE.fullmatch(nonce):
-        raise ValueError("not a version 1 record of 32 hex digits")
-    if not isinstance(mac, str) or not verify(key, context, nonce.encode("ascii"), mac):
-        raise ValueError("not signed with this job's key (NVRX_JOB_KEY)")
-    return nonce
+def _parse(signed: SignedStore, name: str, data: bytes) -> str:
+    """The nonce in a record; ValueError unless well formed and signed with the job key."""
+    return _nonce(signed.unseal(name, data))
 
 
 def run_nonce(store: Store, key: bytes | None, run_id: str, attempt: int) -> str | None:
@@ -103,38 +88,46 @@ def run_nonce(store: Store, key: bytes | None, run_id: str, attempt: int) -> str
     """
     if key is None:
         return None
-    base = _unwrap(store)
-    name, context = _names(run_id, attempt)
+    signed = _signed(store, key, run_id)
+    name = f"run_nonce/{attempt}"
     mine = secrets.token_hex(_NONCE_BYTES)
-    value = _record(key, context, mine)
-    expected: str | bytes = ""
-    for _ in range(_MAX_TRIES):
+    found: list[str] = []
+
+    def stands(data: bytes) -> bool:
         try:
-            now = base.compare_set(name, expected, value)  # type: ignore[arg-type]
-        except (RuntimeError, NotImplementedError):
-            return _by_claim(base, key, name, context, mine, value)
-        if now == value.encode("ascii"):
-            logger.info("created the nonce of this run (%s, attempt %d)", run_id, attempt)
-            return mine
-        try:
-            return _parse(key, context, now)
+            found.append(_parse(signed, name, data))
+            return True
         except ValueError as exc:
             logger.warning(
                 "replacing the run nonce record under %s in the rendezvous store: %s (value %r)",
-                name,
+                signed.where(name),
                 exc,
-                now[:120],
+                data[:120],
             )
-        expected = now
-    raise RuntimeError(f"{name}: the run nonce record keeps being replaced by invalid values")
+            return False
 
-
-def _by_claim(base: Store, key: bytes, name: str, context: str, mine: str, value: str) -> str:
-    if int(base.add(f"{name}/claim", 1)) == 1:
-        base.set(name, value)
+    ours = signed.compare_set(name, mine, stands=stands, tries=_MAX_TRIES)
+    if ours is None:
+        return _by_claim(signed, name, mine)
+    if ours:
+        logger.info("created the nonce of this run (%s, attempt %d)", run_id, attempt)
         return mine
-    base.wait([name], _CLAIM_WAIT)
+    if found:
+        return found[-1]
+    raise RuntimeError(
+        f"{signed.where(name)}: the run nonce record keeps being replaced by invalid values"
+    )
+
+
+def _by_claim(signed: SignedStore, name: str, mine: str) -> str:
+    store = signed.store
+    if int(store.add(f"{name}/claim", 1)) == 1:
+        signed.set(name, mine)
+        return mine
+    store.wait([name], _CLAIM_WAIT)
     try:
-        return _parse(key, context, base.get(name))
+        return _parse(signed, name, store.get(name))
     except ValueError as exc:
-        raise RuntimeError(f"{name}: the run nonce record in the store is invalid: {exc}") from None
+        raise RuntimeError(
+            f"{signed.where(name)}: the run nonce record in the store is invalid: {exc}"
+        ) from None

@@ -43,9 +43,10 @@ from datetime import timedelta
 from torch.distributed.elastic.rendezvous import RendezvousHandler
 from torch.distributed.elastic.rendezvous.api import RendezvousTimeoutError
 
-from ._group_rank import InfraKey, _seal, _unseal, infra_key
 from ._run_nonce import run_nonce, scheduler_attempt, signed_run
+from ._scheduler_order import InfraKey, infra_key
 from ._segments import Election, Member, Segment, SegmentSettings, elect
+from ._signed_store import Rejections, SignedStore
 from ._torch_compat import Store, rendezvous_nodes
 
 __all__: list[str] = []
@@ -125,8 +126,9 @@ class SegmentGate:
         self._env = env
         self._key = key
         self._run_id = run_id
-        #: The run as signed values name it (with the nonce), once the store is known.
-        self._signed_run: str | None = None
+        #: The gate's signed values (with the run's nonce), once the store is known.
+        self._signed: SignedStore | None = None
+        self._rejections = Rejections()
         self._prefix = f"nvrx.launcher/segments/{run_id}/"
         #: The epoch this node was last active in (None: never yet).
         self.epoch: int | None = None
@@ -139,7 +141,6 @@ class SegmentGate:
         self._said_standby = -1
         #: Epochs whose open marker was verified; results warned about once.
         self._open_epochs: set[int] = set()
-        self._bad_results: set[int] = set()
         self._next_open_check = 0.0
 
     # -- store keys ----------------------------------------------------------------
@@ -147,19 +148,19 @@ class SegmentGate:
     def _k(self, name: str) -> str:
         return self._prefix + name
 
-    def _run(self, store: Store) -> str:
-        """The signed run: run id and this run's nonce (read or created once)."""
-        if self._signed_run is None:
-            attempt = scheduler_attempt(self._env)
-            nonce = run_nonce(store, self._key, self._run_id, attempt)
-            self._signed_run = signed_run(self._run_id, nonce)
-        return self._signed_run
-
-    def _read(self, store: Store, name: str) -> str:
-        return _unseal(self._key, self._run(store), self._k(name), store.get(self._k(name)))
+    def _sig(self, store: Store) -> SignedStore:
+        """The gate's values in ``store``, signed for this run (its nonce read or created once)."""
+        if self._signed is None or self._signed.store is not store:
+            if self._signed is None:
+                attempt = scheduler_attempt(self._env)
+                run = signed_run(self._run_id, run_nonce(store, self._key, self._run_id, attempt))
+            else:
+                run = self._signed.signed_run
+            self._signed = SignedStore(store, self._key, run, rejections=self._rejections)
+        return self._signed
 
     def _write(self, store: Store, name: str, body: str) -> None:
-        store.set(self._k(name), _seal(self._key, self._run(store), self._k(name), body))
+        self._sig(store).set(self._k(name), body)
 
     def _count(self, store: Store, name: str, by: int = 0) -> int:
         return int(store.add(self._k(name), by))
@@ -167,17 +168,15 @@ class SegmentGate:
     def _election(self, store: Store, epoch: int) -> Election | None:
         if epoch in self._elections:
             return self._elections[epoch]
-        name = f"{epoch}/result"
-        if not store.check([self._k(name)]):
-            return None
-        try:
-            election = Election.from_json(self._read(store, name), self.settings.size)
+
+        def parse(body: str) -> Election:
+            election = Election.from_json(body, self.settings.size)
             if election.epoch != epoch:
                 raise ValueError(f"an election for epoch {election.epoch}")
-        except ValueError as exc:
-            if epoch not in self._bad_results:
-                self._bad_results.add(epoch)
-                logger.warning("ignoring the segment election of epoch %d: %s", epoch, exc)
+            return election
+
+        election = self._sig(store).read(self._k(f"{epoch}/result"), parse)
+        if election is None:
             return None
         self._elections[epoch] = election
         return election
@@ -206,11 +205,8 @@ class SegmentGate:
         if (epoch, i) not in self._seen:
             if not store.check([self._k(name)]):
                 return None  # free
-            try:
-                self._seen[epoch, i] = _parse_presence(self._read(store, name))
-            except ValueError as exc:
-                logger.warning("ignoring segment gate key %s: %s", name, exc)
-                self._seen[epoch, i] = None
+            key = self._k(name)
+            self._seen[epoch, i] = self._sig(store).parse(key, store.get(key), _parse_presence)
         return self._seen[epoch, i]
 
     def _claim(self, store: Store, epoch: int, member: Member, hint: int) -> int:
@@ -220,9 +216,10 @@ class SegmentGate:
         body = _presence(member)
         for j in range(places):
             i = (start + j) % places
-            key = self._k(f"{epoch}/slot/{i}")
-            sealed = _seal(self._key, self._run(store), key, body)
-            if store.compare_set(key, "", sealed) == sealed.encode():
+            ours = self._sig(store).compare_set(self._k(f"{epoch}/slot/{i}"), body)
+            if ours is None:
+                raise RuntimeError("--ft-segment needs a rendezvous store with compare-and-set")
+            if ours:
                 self._seen[epoch, i] = member
                 return i
         raise GateFull(
@@ -247,15 +244,8 @@ class SegmentGate:
             return False
         for seg in previous.segments:
             for node in seg.members:
-                name = f"{epoch}/open/{node}"
-                if not store.check([self._k(name)]):
-                    continue
-                try:
-                    valid = self._read(store, name) == _open_marker(epoch, node)
-                except ValueError as exc:
-                    logger.warning("ignoring segment gate key %s: %s", name, exc)
-                    continue
-                if valid:
+                marker = self._sig(store).read(self._k(f"{epoch}/open/{node}"), str)
+                if marker == _open_marker(epoch, node):
                     self._open_epochs.add(epoch)
                     return True
         return False
@@ -268,20 +258,17 @@ class SegmentGate:
 
     def last_round(self, store: Store) -> tuple[tuple[str, int], ...]:
         """The last round's (node, group rank) list; empty if none or not valid."""
-        if not store.check([self._k("last_round")]):
-            return ()
-        try:
-            data = json.loads(self._read(store, "last_round"))
-        except ValueError as exc:
-            logger.warning("ignoring the last round's node list: %s", exc)
-            return ()
-        if not isinstance(data, list) or not all(
-            isinstance(e, list) and len(e) == 2 and isinstance(e[0], str) and type(e[1]) is int
-            for e in data
-        ):
-            logger.warning("ignoring the last round's node list: not [[node, rank], ...]")
-            return ()
-        return tuple((e[0], e[1]) for e in data)
+
+        def parse(body: str) -> tuple[tuple[str, int], ...]:
+            data = json.loads(body)
+            if not isinstance(data, list) or not all(
+                isinstance(e, list) and len(e) == 2 and isinstance(e[0], str) and type(e[1]) is int
+                for e in data
+            ):
+                raise ValueError("not the last round's node list [[node, rank], ...]")
+            return tuple((e[0], e[1]) for e in data)
+
+        return self._sig(store).read(self._k("last_round"), parse) or ()
 
     def activity(self, store: Store) -> tuple[int, int, int]:
         """What changes while nodes use the gate: the current epoch, its count and opened
@@ -457,15 +444,16 @@ class SegmentGate:
         )
         if election is None:
             return
-        key = self._k(f"{epoch}/result")
-        sealed = _seal(self._key, self._run(store), key, election.to_json())
-        there = store.compare_set(key, "", sealed)
-        if there != sealed.encode() and self._election(store, epoch) is None:
-            # Not a valid result (nobody with the key wrote it): replace exactly that value.
-            self._bad_results.discard(epoch)
-            there = store.compare_set(key, there.decode("utf-8", "replace"), sealed)
-        if there != sealed.encode():
-            return  # another node's election stands
+        # A value there that is not a valid result (nobody with the key wrote it) is
+        # replaced exactly, once; another node's valid election stands.
+        ours = self._sig(store).compare_set(
+            self._k(f"{epoch}/result"),
+            election.to_json(),
+            stands=lambda _: self._election(store, epoch) is not None,
+            tries=2,
+        )
+        if not ours:
+            return
         logger.info(
             "segment election, epoch %d: active %s, broken %s",
             epoch,

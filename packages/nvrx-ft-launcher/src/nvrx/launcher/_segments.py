@@ -22,10 +22,8 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # _group_rank imports this module
-    from ._group_rank import InfraKey
+from ._scheduler_order import InfraKey
 
 __all__: list[str] = []
 

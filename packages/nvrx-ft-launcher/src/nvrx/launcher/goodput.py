@@ -44,7 +44,6 @@ the job summary (``job_goodput``); every node journals its own view (``node_good
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
 import enum
@@ -52,10 +51,11 @@ import heapq
 import itertools
 import json
 import math
-import pathlib
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, cast
+
+from . import _event_names as names
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -71,7 +71,6 @@ __all__ = [
     "StragglerWait",
     "Timeline",
     "account",
-    "main",
     "records_of_run",
     "restart_costs",
     "writes_job_summary",
@@ -509,17 +508,17 @@ def _num(record: Mapping[str, Any], key: str, default: float) -> float:
 def _evidence(record: Mapping[str, Any]) -> tuple[float, Cause] | None:
     """When a journal record says the fault happened, and its cause (None: no fault)."""
     kind, t = record.get("event"), float(record["t"])
-    if kind in ("rank_terminated_by_monitor", "rank_failed"):
+    if kind in (names.RANK_TERMINATED_BY_MONITOR, names.RANK_FAILED):
         monitor_cause = record.get(
-            "cause" if kind == "rank_terminated_by_monitor" else "monitor_cause"
+            "cause" if kind == names.RANK_TERMINATED_BY_MONITOR else "monitor_cause"
         )
         if monitor_cause is None:
             return t, Cause.CRASH
         since = t - max(0.0, _num(record, "observed_s", 0.0))
         return since, Cause.HEALTH if monitor_cause in _HEALTH_CAUSES else Cause.HANG
-    if kind == "monitor_died" and record.get("rank_was_connected"):
+    if kind == names.MONITOR_DIED and record.get("rank_was_connected"):
         return t, Cause.MONITOR_DIED
-    if kind == "workload_control" and record.get("action") in _WORKLOAD_CAUSES:
+    if kind == names.WORKLOAD_CONTROL and record.get("action") in _WORKLOAD_CAUSES:
         return t, _WORKLOAD_CAUSES[str(record["action"])]
     return None
 
@@ -539,13 +538,13 @@ def _node_timeline(node: str, records: Sequence[Mapping[str, Any]]) -> Timeline:
         kind, t, cycle = r.get("event"), _opt_num(r, "t"), r.get("cycle")
         if t is None:
             continue
-        if kind == "run_start":
+        if kind == names.RUN_START:
             start = _lo(start, t)
-        elif kind == "finished":
+        elif kind == names.FINISHED:
             end = _hi(end, t)
-        elif kind == "progress" and isinstance(r.get("value"), int):
+        elif kind == names.PROGRESS and isinstance(r.get("value"), int):
             marks.append(CheckpointMark(_num(r, "saved", t), int(r["value"])))
-        elif kind == "straggler_report":
+        elif kind == names.STRAGGLER_REPORT:
             window = [_opt_num(r, k) for k in ("window_start", "window_end", "wait_fraction")]
             if None not in window:
                 with contextlib.suppress(ValueError):  # a damaged line adds no wait
@@ -556,15 +555,15 @@ def _node_timeline(node: str, records: Sequence[Mapping[str, Any]]) -> Timeline:
         evidence = _evidence(r)
         if evidence is not None:
             update(cycle, fault=evidence[0], cause=evidence[1])
-        if kind == "workers_started":
+        if kind == names.WORKERS_STARTED:
             update(cycle, started=t)
             if isinstance(r.get("group_rank"), int):
                 group_rank = r["group_rank"]
-        elif kind == "first_step":
+        elif kind == names.FIRST_STEP:
             update(cycle, first_step=_num(r, "first_step", t))
-        elif kind == "last_step":
+        elif kind == names.LAST_STEP:
             update(cycle, last_step=_num(r, "last_step", t))
-        elif kind == "decision":
+        elif kind == names.DECISION:
             noticed = _num(r, "failure_noticed", t)
             cause = _TRIGGERS.get(str(r.get("trigger")))
             if cause is None and r.get("reason") == _NODES_WAITING_REASON:
@@ -577,14 +576,14 @@ def _node_timeline(node: str, records: Sequence[Mapping[str, Any]]) -> Timeline:
                 action=r.get("action") if r.get("action") in _ACTIONS else None,
                 trigger=cause or Cause.UNKNOWN,
             )
-        elif kind == "workers_stopped":
+        elif kind == names.WORKERS_STOPPED:
             update(cycle, stopped=_num(r, "workers_stopped", t))
-        elif kind == "restart" and isinstance(r.get("from_cycle"), int):
+        elif kind == names.RESTART and isinstance(r.get("from_cycle"), int):
             stopped, done = _opt_num(r, "workers_stopped"), _opt_num(r, "rendezvous_done")
             update(r["from_cycle"], rendezvous_done=done, stopped=stopped)
-        elif kind == "all_nodes_finished":
+        elif kind == names.ALL_NODES_FINISHED:
             update(cycle, ended=t, action="finish")
-        elif kind == "checkpoint_restored" and r.get("source") in _RESTORE_SOURCES:
+        elif kind == names.CHECKPOINT_RESTORED and r.get("source") in _RESTORE_SOURCES:
             iteration = r.get("iteration")
             update(
                 cycle,
@@ -609,7 +608,7 @@ def records_of_run(records: Iterable[Mapping[str, Any]], run_id: str) -> list[Ma
     nodes = {
         r.get("node")
         for r in records
-        if r.get("event") == "run_start" and r.get("run_id") == run_id
+        if r.get("event") == names.RUN_START and r.get("run_id") == run_id
     }
     return [r for r in records if r.get("node") in nodes]
 
@@ -655,7 +654,7 @@ class RestartCost:
     def to_record(self) -> dict[str, Any]:
         """The journal's ``restart_cost`` record (``schema_version``, ``t``, ``node`` later)."""
         out = dataclasses.asdict(self)
-        out.update(event="restart_cost", cause=self.cause.value, total_s=self.total_s)
+        out.update(event=names.RESTART_COST, cause=self.cause.value, total_s=self.total_s)
         return out
 
     def format(self) -> str:
@@ -925,7 +924,9 @@ def account(
 
 
 #: Records after which a restart's cost may be complete.
-_COST_EVENTS = frozenset({"first_step", "decision", "all_nodes_finished", "finished"})
+_COST_EVENTS = frozenset(
+    {names.FIRST_STEP, names.DECISION, names.ALL_NODES_FINISHED, names.FINISHED}
+)
 
 
 class Ledger:
@@ -949,11 +950,11 @@ class Ledger:
         ended = {
             r.get("cycle")
             for r in self._records
-            if r.get("event") in ("decision", "all_nodes_finished")
+            if r.get("event") in (names.DECISION, names.ALL_NODES_FINISHED)
         }
         out = []
         for cost in account(self._records).restarts:
-            done = cost.first_step_s is not None or cost.cycle in ended or kind == "finished"
+            done = cost.first_step_s is not None or cost.cycle in ended or kind == names.FINISHED
             if done and cost.from_cycle not in self._written:
                 self._written.add(cost.from_cycle)
                 out.append(cost)
@@ -968,49 +969,7 @@ class Ledger:
         return Timeline.from_records(self._records)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m nvrx.launcher.goodput JOURNAL``: the job summary (and ``--trace`` timeline)."""
-    parser = argparse.ArgumentParser(
-        prog="python -m nvrx.launcher.goodput",
-        description="Goodput and ETTR of a job from its ft_launcher journal.",
-    )
-    parser.add_argument("journal", help="the --ft-journal file (JSON lines)")
-    parser.add_argument("--run-id", help="only the launchers of this run (a shared file)")
-    parser.add_argument("--json", action="store_true", help="print the summary as JSON")
-    parser.add_argument(
-        "--trace",
-        metavar="FILE",
-        help="also write the job's timeline to FILE as Chrome trace-event JSON (Perfetto)",
-    )
-    args = parser.parse_args(argv)
-    try:
-        with open(args.journal, encoding="utf-8", errors="replace") as f:
-            text = f.read()
-    except OSError as exc:
-        parser.error(f"journal {args.journal!r}: {exc.strerror}")
-    records: list[Mapping[str, Any]] = []
-    for line in text.splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue  # a line cut short by a crash
-        if isinstance(record, dict):
-            records.append(record)
-    if args.run_id is not None:
-        records = records_of_run(records, args.run_id)
-    summary = account(records)
-    sys.stdout.write((summary.dumps() if args.json else summary.format()) + "\n")
-    if args.trace is not None:
-        from nvrx.ft import write_file_atomically
-        from nvrx.launcher._trace import job_trace
+if __name__ == "__main__":  # python -m nvrx.launcher.goodput (the CLI lives apart)
+    from nvrx.launcher._goodput_cli import main
 
-        trace = job_trace(records, job=args.run_id or pathlib.Path(args.journal).name)
-        try:
-            write_file_atomically(args.trace, json.dumps(trace), mode=0o600, durable=False)
-        except OSError as exc:
-            parser.error(f"--trace {args.trace!r}: {exc.strerror}")
-    return 0
-
-
-if __name__ == "__main__":
     sys.exit(main())

@@ -60,12 +60,17 @@ class JsonLines:
         """Where the records go, if anywhere."""
         return self._path
 
-    def write(self, record: dict[str, Any]) -> None:
-        """Append ``record`` (plus ``schema_version``, ``t`` and ``node``); errors logged once."""
+    def stamp(self, record: dict[str, Any]) -> dict[str, Any]:
+        """``record`` with ``schema_version``, ``t`` and ``node`` where it has none."""
         record.setdefault("schema_version", SCHEMA_VERSION)
         record.setdefault("t", time.time())  # wall clock: label
         if self.node is not None:
             record.setdefault("node", self.node)
+        return record
+
+    def write(self, record: dict[str, Any]) -> None:
+        """Append ``record`` (plus ``schema_version``, ``t`` and ``node``); errors logged once."""
+        self.stamp(record)
         if self.on_record is not None:
             try:
                 self.on_record(record)

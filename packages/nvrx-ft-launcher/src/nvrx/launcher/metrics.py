@@ -47,6 +47,7 @@ import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from ._events import Event, MonitorDied
 from ._straggler_summary import MAX_SCORE_GAUGES, lowest, median_score
 from .goodput import Cause, Goodput, Phase
 
@@ -89,6 +90,11 @@ class NullRecorder:
 
     def monitor_health(self, local_rank: int, healthy: bool) -> None:
         """Say whether the rank monitor of ``local_rank`` is healthy."""
+
+    def on_event(self, event: Event, record: Mapping[str, Any]) -> None:
+        """A subscriber of the launcher's event bus: a monitor that died is unhealthy."""
+        if isinstance(event, MonitorDied):
+            self.monitor_health(event.local_rank, False)
 
     def straggler_scores(
         self,

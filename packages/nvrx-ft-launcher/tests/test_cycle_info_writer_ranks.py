@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from nvrx.ft import CYCLE_INFO_ENV, read_cycle_info
-from nvrx.launcher._cycle_records import CycleInfoSink, signal_exit_code
+from nvrx.launcher._cycle_info_writer import CycleInfoWriter, signal_exit_code
 from nvrx.launcher._events import (
     CycleStarted,
     DecisionTaken,
@@ -51,8 +51,8 @@ def _failed(rank: int, exit_code: int | None, sig: str | None) -> RankFailed:
     )
 
 
-def _sink(directory: pathlib.Path) -> CycleInfoSink:
-    return CycleInfoSink(str(directory), "77", 0, file_job="77")
+def _sink(directory: pathlib.Path) -> CycleInfoWriter:
+    return CycleInfoWriter(str(directory), "77", 0, file_job="77")
 
 
 def test_every_node_gives_its_ranks_this_cycles_file_not_the_link(tmp_path: pathlib.Path) -> None:

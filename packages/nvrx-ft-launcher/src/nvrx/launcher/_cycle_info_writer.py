@@ -12,7 +12,7 @@ link is moved by group rank 0 alone, just before its own spawn, so a rank on ano
 node reading the link could read the previous cycle. Through its cycle's path a rank
 reads that cycle or, for the moment before group rank 0 has written it, nothing.
 
-:class:`CycleInfoSink` is fed the journal's records (the agent's journal observer), so
+:class:`CycleInfoWriter` is fed the journal's records (the agent's journal observer), so
 the file says what the journal says: the start from ``cycle_start``, failed ranks'
 exit codes from ``rank_failed`` (a signal as its negative number), the cause of the
 next cycle from its ``decision``, the end from ``workers_stopped``,
@@ -76,7 +76,7 @@ def _file_part(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]", "_", text)[:128] or "job"
 
 
-class CycleInfoSink:
+class CycleInfoWriter:
     """Writes the cycle-info file of each cycle from the journal records it is fed."""
 
     def __init__(

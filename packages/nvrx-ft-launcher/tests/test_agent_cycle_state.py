@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from nvrx.ft import MonitorEvent
-from nvrx.launcher._agent import _Cycle, _RankPids
+from nvrx.launcher._cycle_state import CycleState, RankPids
 
 
 def _request(action: str, rank: int) -> MonitorEvent:
@@ -14,7 +14,7 @@ def _request(action: str, rank: int) -> MonitorEvent:
 
 def test_requests_are_kept_for_the_cycle_first_of_each_kind() -> None:
     """A request drained while the agent waits for hang evidence is still acted on after."""
-    cycle = _Cycle(number=3, started=0.0, progress=None)
+    cycle = CycleState(number=3, started=0.0, progress=None)
     assert (cycle.shutdown_request, cycle.exclude_request) == (None, None)
     cycle.note_request(_request("ExcludeThisNode", 1))
     cycle.note_request(_request("ShutdownWorkload", 2))
@@ -29,7 +29,7 @@ def test_requests_are_kept_for_the_cycle_first_of_each_kind() -> None:
 
 def test_an_earlier_cycles_rank_pid_is_stale() -> None:
     """A late event from the previous cycle's rank does not count in the next cycle."""
-    pids = _RankPids()
+    pids = RankPids()
     pids.new_cycle([100, 101])
     assert not pids.is_stale(100)
     assert not pids.is_stale(150), "a pid the monitor reports first is this cycle's"

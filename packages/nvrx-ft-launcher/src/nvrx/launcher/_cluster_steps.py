@@ -3,10 +3,10 @@
 - before each rendezvous (the first and every restart): the node health checks;
 - before each start of the ranks: the GPU memory wait (restarts only), the NUMA
   binding's journal record, and the ``cycle_start`` record (the cycle-info file's start);
-- for every journal record: the cycle-info file (:class:`~._cycle_records.CycleInfoSink`).
+- for every journal record: the cycle-info file (:class:`~._cycle_info_writer.CycleInfoWriter`).
 
 Each step journals what it found through the agent's Recorder; none is a special case
-in the agent, which only calls :class:`CycleSteps` at those points.
+in the agent, which only calls :class:`ClusterSteps` at those points.
 """
 
 from __future__ import annotations
@@ -19,10 +19,7 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 
 from torch.distributed.elastic.rendezvous import (
-    RendezvousGracefulExitError,
     RendezvousHandler,
-    RendezvousInfo,
-    RendezvousTimeoutError,
 )
 from torch.distributed.elastic.rendezvous.static_tcp_rendezvous import StaticTCPRendezvous
 
@@ -30,9 +27,10 @@ from nvrx.ft import CycleGoodput
 
 from ._app_logs import cycle_log_paths
 from ._cluster import ClusterOptions
-from ._cycle_records import CycleInfoSink, cycle_info_attempt, cycle_info_job_id
+from ._cycle_info_writer import CycleInfoWriter, cycle_info_attempt, cycle_info_job_id
 from ._events import (
     CycleStarted,
+    Event,
     GpuMemoryReclaim,
     NodeReplaced,
     NodeUnhealthy,
@@ -42,21 +40,19 @@ from ._events import (
 )
 from ._gpu_memory import GpuMemoryWatch
 from ._group_rank import GroupRankAligner
+from ._launcher_exit import LauncherExit
 from ._node_health import NodeHealth, NodeHealthChecker
 from ._numa import NumaPlan
 from ._segment_gate import (
-    GateFull,
     SegmentGate,
     SegmentLeave,
     hosts_store,
-    join_timeout,
     keep_alive_window,
-    round_deadline,
     settle_window,
 )
+from ._staged_rendezvous import HOST_GRACE_S, StagedRendezvous, serve_a_moment_if_host
 from ._torch_compat import (
     Store,
-    join_deadline,
     leave_rendezvous,
     rendezvous_nodes,
     rendezvous_store,
@@ -67,14 +63,11 @@ __all__: list[str] = []
 
 logger = logging.getLogger("nvrx.launcher")
 
-#: How long a store host of a broken segment stays after the job ended (the others'
-#: leave barrier, a few store calls).
-_HOST_GRACE_S = 3.0
 #: ... and how long past torch's keep-alive window it waits once no node is listed.
 _HOST_IDLE_S = 60.0
 
 
-class CycleSteps:
+class ClusterSteps:
     """What the cluster features do at each step of a cycle, for one launcher."""
 
     def __init__(
@@ -109,11 +102,11 @@ class CycleSteps:
         self._health = NodeHealthChecker(options.health) if options.health.any else None
         self._numa = numa
         self._gpu = GpuMemoryWatch(options.gpu_memory)
-        self.cycle_info: CycleInfoSink | None = None
+        self.cycle_info: CycleInfoWriter | None = None
         if options.cycle_info_dir is not None:
             job_id = cycle_info_job_id(options.cycle_info_job_id, os.environ)
             prefix = options.applog_prefix
-            self.cycle_info = CycleInfoSink(
+            self.cycle_info = CycleInfoWriter(
                 options.cycle_info_dir,
                 job_id,
                 cycle_info_attempt(os.environ),
@@ -124,15 +117,16 @@ class CycleSteps:
             self.cycle_info.export(os.environ)  # the ranks inherit the launcher's environment
 
     def install(self, handler: RendezvousHandler) -> None:
-        """The segment gate, then scheduler-aligned group ranks (not where the user gave them)."""
-        if self.gate is not None:
-            self._install_gate(handler, self.gate)
-        elif self.options.standby_nodes and self.options.max_nodes is not None:
-            self._install_capacity_check(handler, self.options.max_nodes)
-        if not isinstance(handler, StaticTCPRendezvous):
-            self.aligner.install(handler)
-        if self.gate is not None:
-            self._install_round_record(handler, self.gate)
+        """The launcher's rendezvous stages on ``handler`` (:mod:`._staged_rendezvous`)."""
+        gate = self.gate
+        capacity = self.options.standby_nodes and self.options.max_nodes is not None
+        StagedRendezvous(
+            handler,
+            gate=gate,
+            on_segment_left=lambda exc: self._segment_left(handler, exc),
+            max_nodes=self.options.max_nodes if gate is None and capacity else None,
+            aligner=None if isinstance(handler, StaticTCPRendezvous) else self.aligner,
+        ).install()
 
     def _place(self) -> tuple[int, str] | None:
         gate = self.gate
@@ -140,94 +134,7 @@ class CycleSteps:
             return None
         return gate.place, gate.segment
 
-    def _install_gate(self, handler: RendezvousHandler, gate: SegmentGate) -> None:
-        """Before torch's join: wait until this node's segment runs; leave if it broke."""
-        store = rendezvous_store(handler)
-        if store is None:  # refused at start-up (c10d/etcd-v2 only); never silently mixed
-            raise RuntimeError("--ft-segment needs the dynamic rendezvous' store")
-        original = handler.next_rendezvous
-
-        def next_rendezvous() -> RendezvousInfo:
-            elected_at: float | None = None  # a standby's wait at the gate does not count
-            while True:
-                try:
-                    admitted = gate.admit(handler, store)  # False: the job ended; torch says so
-                except SegmentLeave as exc:
-                    self._segment_left(handler, exc)
-                except GateFull as exc:
-                    _one_too_many(str(exc))
-                if not admitted and gate.epoch is None:
-                    # A standby segment never elected: it joined none of torch's rounds, so
-                    # torch would call the closed rendezvous an error (not its standby exit).
-                    _serve_a_moment_if_host(store)
-                    raise RendezvousGracefulExitError(
-                        "the rendezvous is closed: the job ended while this segment waited"
-                    )
-                if not admitted:
-                    return original()  # torch's closed rendezvous, as without segments
-                if not self.aligner.nodes:
-                    # New to the job's rounds (a standby segment): the round it joins says
-                    # whose places it takes (node_replaced), as a returning node's would.
-                    self.aligner.nodes = gate.last_round(store)
-                if elected_at is None:
-                    elected_at = time.monotonic()
-                join = join_timeout(handler)
-                deadline = min(round_deadline(handler, gate.elected_nodes()), join)
-                try:
-                    with join_deadline(handler, deadline):
-                        return original()
-                except RendezvousTimeoutError:
-                    if time.monotonic() - elected_at + deadline > join:
-                        raise  # no time left for another election within the join timeout
-                    logger.warning(
-                        "torch's round of the segments elected in epoch %s did not form "
-                        "within %g s: an elected node is gone; back to the segment gate for "
-                        "a new election",
-                        gate.epoch,
-                        deadline,
-                    )
-
-        handler.next_rendezvous = next_rendezvous  # type: ignore[method-assign]
-
-    def _install_capacity_check(self, handler: RendezvousHandler, max_nodes: int) -> None:
-        """Standby nodes: a launcher that finds MAX nodes in the job at its first join leaves.
-
-        Torch keeps any number of nodes in its redundancy list (it knows MIN only), so a
-        launcher beyond MAX would wait unseen until the job ends. Nodes torch still lists
-        after they died count until its keep-alive drops them: the check waits that long
-        for a place before refusing.
-        """
-        original = handler.next_rendezvous
-        joined = False
-
-        def next_rendezvous() -> RendezvousInfo:
-            nonlocal joined
-            if not joined:
-                _refuse_beyond_max(handler, max_nodes)
-                joined = True
-            return original()
-
-        handler.next_rendezvous = next_rendezvous  # type: ignore[method-assign]
-
-    def _install_round_record(self, handler: RendezvousHandler, gate: SegmentGate) -> None:
-        """After each round, group rank 0 records its nodes for the next one's newcomers."""
-        store = rendezvous_store(handler)
-        original = handler.next_rendezvous
-
-        def next_rendezvous() -> RendezvousInfo:
-            info = original()
-            if store is not None and info.rank == 0 and self.aligner.nodes:
-                try:
-                    gate.record_round(store, self.aligner.nodes)
-                except RuntimeError as exc:  # the store's error: only node_replaced lacks it
-                    logger.warning("could not record the round's nodes: %s", exc)
-            return info
-
-        handler.next_rendezvous = next_rendezvous  # type: ignore[method-assign]
-
     def _segment_left(self, handler: RendezvousHandler, exc: SegmentLeave) -> NoReturn:
-        from ._agent import LauncherExit  # the agent imports this module
-
         logger.error(
             "segment %s broke and this node leaves the job with it: %s (nodes back: %s)",
             exc.segment.name,
@@ -266,7 +173,11 @@ class CycleSteps:
             return
         store = rendezvous_store(handler)
         if store is not None:
-            _serve_a_moment_if_host(store)
+            serve_a_moment_if_host(store)
+
+    def on_event(self, event: Event, record: dict[str, Any]) -> None:
+        """A subscriber of the event bus: the cycle-info file follows the journal."""
+        self.feed(record)
 
     def feed(self, record: dict[str, Any]) -> None:
         """One journal record (the cycle-info file follows the journal)."""
@@ -397,46 +308,4 @@ def _host_until_the_job_ends(
             logger.warning("no node has used the rendezvous for %.0f s", now - empty_since)
             return
         time.sleep(1.0)
-    time.sleep(_HOST_GRACE_S)  # the others' last store calls (leave barrier)
-
-
-def _serve_a_moment_if_host(store: Store) -> None:
-    """The job ended: the store's host serves ``_HOST_GRACE_S`` more before it exits.
-
-    The other nodes still read the closed rendezvous (standbys at the gate poll it) and
-    run their leave barrier through this store; were it gone, they would exit 5.
-    """
-    if hosts_store(store):
-        time.sleep(_HOST_GRACE_S)
-
-
-def _one_too_many(reason: str) -> NoReturn:
-    from ._agent import LauncherExit  # the agent imports this module
-
-    raise LauncherExit(int(ExitCode.USAGE_ERROR), reason)
-
-
-def _refuse_beyond_max(handler: RendezvousHandler, max_nodes: int) -> None:
-    """Leave (exit 2) if MAX nodes stay in the rendezvous past torch's keep-alive window."""
-    window = keep_alive_window(handler) + 1.0
-    deadline = time.monotonic() + window
-    said = False
-    while True:
-        found = rendezvous_nodes(handler)
-        if found is None or found[1] or found[0] < max_nodes:
-            return
-        if time.monotonic() > deadline:
-            _one_too_many(
-                f"--nnodes MAX is {max_nodes}: {found[0]} nodes are in the job already "
-                f"(running or waiting as standbys); this launcher is one too many"
-            )
-        if not said:
-            said = True
-            logger.warning(
-                "%d nodes are in the job already (--nnodes MAX %d); waiting up to %.0f s "
-                "for a place (a lost node's keep-alive to expire)",
-                found[0],
-                max_nodes,
-                window,
-            )
-        time.sleep(1.0)
+    time.sleep(HOST_GRACE_S)  # the others' last store calls (leave barrier)

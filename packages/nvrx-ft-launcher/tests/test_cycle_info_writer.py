@@ -10,8 +10,8 @@ from typing import Any
 import jsonschema  # type: ignore[import-untyped]
 
 from nvrx.ft import CYCLE_INFO_ENV, CycleGoodput, CycleNode, cycle_info_schema_path, read_cycle_info
-from nvrx.launcher._cycle_records import (
-    CycleInfoSink,
+from nvrx.launcher._cycle_info_writer import (
+    CycleInfoWriter,
     cycle_info_attempt,
     cycle_info_job_id,
 )
@@ -49,7 +49,7 @@ def test_job_id_and_attempt_follow_nvrx_order() -> None:
 
 
 def test_a_crash_and_a_restart_give_two_files_and_the_link_follows(tmp_path: pathlib.Path) -> None:
-    sink = CycleInfoSink(
+    sink = CycleInfoWriter(
         str(tmp_path),
         "1234",
         0,
@@ -98,7 +98,7 @@ def test_a_crash_and_a_restart_give_two_files_and_the_link_follows(tmp_path: pat
 
 
 def test_only_group_rank_zero_writes(tmp_path: pathlib.Path) -> None:
-    sink = CycleInfoSink(str(tmp_path), "", 0, file_job="run-x")
+    sink = CycleInfoWriter(str(tmp_path), "", 0, file_job="run-x")
     sink.feed(_start(0, 100.0, group_rank=1))
     sink.feed({"event": "finished", "t": 101.0, "exit_code": 0})
     assert list(tmp_path.iterdir()) == []
@@ -107,7 +107,7 @@ def test_only_group_rank_zero_writes(tmp_path: pathlib.Path) -> None:
 def test_an_unwritable_directory_warns_once_and_carries_on(
     tmp_path: pathlib.Path, caplog: Any
 ) -> None:
-    sink = CycleInfoSink(str(tmp_path / "absent"), "", 0, file_job="run-x")
+    sink = CycleInfoWriter(str(tmp_path / "absent"), "", 0, file_job="run-x")
     with caplog.at_level("WARNING", logger="nvrx.launcher"):
         sink.feed(_start(0, 100.0))
         sink.feed({"event": "finished", "t": 101.0, "exit_code": 143})
@@ -115,7 +115,7 @@ def test_an_unwritable_directory_warns_once_and_carries_on(
 
 
 def test_a_hostile_job_id_stays_inside_the_directory(tmp_path: pathlib.Path) -> None:
-    sink = CycleInfoSink(str(tmp_path), "../../x", 0, file_job="../../x")
+    sink = CycleInfoWriter(str(tmp_path), "../../x", 0, file_job="../../x")
     sink.feed(_start(0, 100.0))
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "cycle_info..._.._x.0.0",
