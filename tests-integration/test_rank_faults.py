@@ -76,8 +76,12 @@ FAULTS = {
 }
 
 
-def _check_training(journal: list[Event], attempts: int) -> dict[int, int]:
-    resumes = assert_every_step_once(journal, STEPS)
+def _check_training(
+    journal: list[Event], attempts: int, *, last_record_may_be_lost: bool = False
+) -> dict[int, int]:
+    resumes = assert_every_step_once(
+        journal, STEPS, last_record_may_be_lost=last_record_may_be_lost
+    )
     done = [e for e in journal if e["event"] == "done" and e["rank"] == 0]
     assert done[-1]["total"] == EXPECTED_TOTAL, f"final total {done[-1]['total']}"
     started = {e["attempt"] for e in journal if e["event"] == "start"}
@@ -98,7 +102,9 @@ def test_rank_fault_is_restarted_and_training_resumes(launch: Launch, fault: Fau
     journal = run.journal()
     faults = [e for e in journal if e["event"] == "fault"]
     assert [(e["rank"], e["attempt"]) for e in faults] == [(1, 0)]
-    resumes = _check_training(journal, attempts=2)
+    # A rank that runs on after its hang (resume None) may die between a step's
+    # all-reduce and its journal line; rank 0's final total still checks every step.
+    resumes = _check_training(journal, attempts=2, last_record_may_be_lost=fault.resume is None)
 
     # Checkpoint and resume: attempt 1 starts from attempt 0's last checkpoint, and
     # the steps attempt 0 ran after it run again (counted once above).
