@@ -48,6 +48,28 @@ def test_a_process_a_rank_starts_in_a_new_session_does_not_outlive_the_launcher(
     assert "killed 1 process(es) the job left behind" in run.log(), run.log()[-3000:]
 
 
+@pytest.mark.timeout(150)
+def test_what_a_rank_left_in_a_new_session_dies_before_the_next_cycle(
+    tmp_path: pathlib.Path,
+) -> None:
+    args = [*FAST_FT, "--standalone", "--nproc-per-node=1", "--max-restarts=1"]
+    script = [str(LEAKY), "--out", str(tmp_path), "--fail-first-cycle"]
+    run = LauncherRun("leaky", [*args, *script], tmp_path, tmp_path)
+    try:
+        run.expect_exit(0, timeout=120)
+        leaked = int((tmp_path / "leaked.pid").read_text())
+        assert (tmp_path / "next_cycle.txt").read_text() == "gone"
+        assert _gone(leaked)
+    finally:
+        problems = run.cleanup(grace=1.0)
+    assert problems == [], problems
+    assert (
+        f"the last cycle's ranks left running (outside their process groups): pids [{leaked}]"
+        in (run.log())
+    ), run.log()[-3000:]
+    assert "process(es) the job left behind" not in run.log(), "nothing was left for the end"
+
+
 @pytest.mark.timeout(120)
 def test_leak_check_reports_and_kills_an_escaped_process(tmp_path: pathlib.Path) -> None:
     run = LauncherRun(

@@ -4,6 +4,9 @@ It starts ``sleep`` in a new session (so it is not in the rank's process group a
 re-parented when the rank exits), records its pid in ``<out>/leaked.pid`` and exits 0.
 With ``--double-fork`` it daemonises the classic way instead: a child calls setsid(),
 forks the sleeper and exits at once, so the sleeper is an orphan before the rank ends.
+With ``--fail-first-cycle`` the first cycle's rank leaks the sleeper and exits 1; the
+next cycle's rank writes to ``<out>/next_cycle.txt`` whether the sleeper still runs
+("alive" or "gone") and exits 0.
 """
 
 from __future__ import annotations
@@ -34,13 +37,26 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=pathlib.Path, required=True)
     parser.add_argument("--double-fork", action="store_true")
+    parser.add_argument("--fail-first-cycle", action="store_true")
     args = parser.parse_args()
+    if args.fail_first_cycle and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
+        leaked = int((args.out / "leaked.pid").read_text())
+        (args.out / "next_cycle.txt").write_text("alive" if _runs(leaked) else "gone")
+        return 0
     if args.double_fork:
         _double_fork(args.out)
         return 0
     child = subprocess.Popen(["sleep", "120"], start_new_session=True)
     (args.out / "leaked.pid").write_text(f"{child.pid}\n")
-    return 0
+    return 1 if args.fail_first_cycle else 0
+
+
+def _runs(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 if __name__ == "__main__":

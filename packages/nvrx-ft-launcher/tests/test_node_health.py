@@ -22,6 +22,7 @@ from nvrx.launcher._node_health import (
     check_gpus,
     check_storage,
 )
+from nvrx.launcher._reaper import Reaper
 
 
 def _fake_ib(root: pathlib.Path, ports: dict[str, tuple[str, int]]) -> tuple[str, str]:
@@ -270,3 +271,23 @@ def test_gpu_check_on_a_real_gpu_passes_without_skipping() -> None:
     failures, skipped = check_gpus()
     assert skipped is None
     assert failures == []
+
+
+@pytest.mark.timeout(30)
+def test_user_command_that_daemonises_leaves_nothing_behind(tmp_path: pathlib.Path) -> None:
+    # setsid takes the child out of the check's session; under a subreaper launcher it
+    # comes back as the launcher's child, marked, and the check kills it.
+    reaper = Reaper()
+    pid_file = tmp_path / "daemon.pid"
+    command = f"sh -c 'setsid sleep 60 </dev/null >/dev/null 2>&1 & echo $! > {pid_file}'"
+    try:
+        assert reaper.active
+        assert check_command(command, timeout=5.0) == []
+        daemon = int(pid_file.read_text())
+        try:
+            assert _wait_gone(daemon), f"the command's daemon {daemon} outlived the check"
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(daemon, signal.SIGKILL)
+    finally:
+        assert reaper.close() == [], "nothing was left for the launcher's end"

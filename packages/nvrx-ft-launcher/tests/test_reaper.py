@@ -14,6 +14,7 @@ import time
 import pytest
 
 from nvrx.launcher import _reaper
+from nvrx.launcher._events import WorkersStarted, WorkersStopped
 from nvrx.launcher._reaper import Reaper, _children
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux prctl")
@@ -111,3 +112,64 @@ def test_an_orphan_that_ends_while_the_job_runs_is_reaped(
         assert reaper.close() == []
     finally:
         reaper.close()
+
+
+def _rank_orphan(run_id: str, restart_count: str) -> int:
+    """A daemon started by a 'rank' of ``run_id`` (torch's variables), orphaned to us."""
+    env = dict(os.environ, TORCHELASTIC_RUN_ID=run_id, TORCHELASTIC_RESTART_COUNT=restart_count)
+    out = subprocess.run(
+        ["sh", "-c", "setsid sh -c 'sleep 120 & wait' </dev/null >/dev/null 2>&1 & echo $!"],
+        check=True,
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    daemon = int(out.stdout)
+    deadline = time.monotonic() + 10
+    while not _children(daemon) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return daemon
+
+
+@pytest.mark.timeout(60)
+def test_a_cycle_end_kills_what_its_ranks_left_and_nothing_else() -> None:
+    reaper = Reaper()
+    mine = _rank_orphan("job-a", "0")
+    grandchild = next(iter(_children(mine)))
+    other_run = _rank_orphan("job-b", "0")
+    unmarked = _orphan()
+    try:
+        leftovers = _reaper.RankLeftovers("job-a")
+        leftovers(
+            WorkersStarted(
+                cycle=0,
+                restart_count=0,
+                group_rank=0,
+                group_world_size=1,
+                ranks={},
+                pids={},
+                warm_local_ranks=[],
+            ),
+            {},
+        )
+        assert _alive(mine), "only a stop or a start sweeps"
+        leftovers(WorkersStopped(cycle=0, workers_stopped=0.0), {})
+        # Both generations: killing the daemon hands its child to us, then it goes too.
+        assert not _alive(mine)
+        assert not _alive(grandchild)
+        assert mine not in _children(os.getpid()), "killed and reaped, not a zombie"
+        assert _alive(other_run), "another run's daemon stays"
+        assert _alive(unmarked), "an unmarked daemon stays (until the launcher's end)"
+    finally:
+        killed = reaper.close()
+    assert set(killed) >= {other_run, unmarked}
+    assert mine not in killed
+    assert grandchild not in killed
+
+
+def test_a_rank_environment_is_recognised_by_run_and_restart_count() -> None:
+    matches = _reaper.started_by_a_rank("job-a")
+    assert matches({"TORCHELASTIC_RUN_ID": "job-a", "TORCHELASTIC_RESTART_COUNT": "3"})
+    assert not matches({"TORCHELASTIC_RUN_ID": "job-b", "TORCHELASTIC_RESTART_COUNT": "3"})
+    assert not matches({"TORCHELASTIC_RUN_ID": "job-a"}), "a launcher's own environment"
+    assert not matches({})

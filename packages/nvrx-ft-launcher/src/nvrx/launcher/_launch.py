@@ -42,7 +42,7 @@ from ._launcher_exit import LauncherExit
 from ._local_ckpt import SPARE_PRELOAD, LocalCkptOptions, NodeDirectory
 from ._monitors import MonitorSupervisor
 from ._numa import NumaPlan, machine_plan, wrap_command
-from ._reaper import Reaper
+from ._reaper import RankLeftovers, Reaper
 from ._rendezvous import tune_rendezvous
 from ._spares import DEFAULT_PRELOAD, SAFE_FLAGS, SparePool, python_command
 from .exit_codes import ExitCode, exit_code_for_signal
@@ -287,6 +287,8 @@ def launch(options: LaunchOptions, monitors: MonitorSupervisor | None = None) ->
     node_dir: NodeDirectory | None = None
     # Orphans of the job (a setsid'd process) come to this process; killed at the end.
     reaper = Reaper()
+    if reaper.active:  # and what a cycle's ranks left is killed when the cycle ends
+        recorder.subscribe(RankLeftovers(config.run_id))
     try:
         handled = _install_signal_handlers(config.signals_to_handle)
         server = _metrics_server(options)

@@ -39,6 +39,8 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ._reaper import sweep
+
 __all__: list[str] = []
 
 logger = logging.getLogger("nvrx.launcher")
@@ -49,6 +51,8 @@ DEFAULT_LINK_DOWN_PATH_TEMPLATE = "/sys/class/infiniband/{nic}/ports/1/counters/
 STORAGE_TIMEOUT_S = 30.0
 #: How long the user's health check command may run.
 COMMAND_TIMEOUT_S = 60.0
+#: Marks what a health-check command starts, so that what leaves its session is found.
+HEALTH_CHECK_ENV = "NVRX_HEALTH_CHECK"
 _REASON_CHARS = 500
 
 
@@ -274,9 +278,13 @@ def check_command(command: str, timeout: float = COMMAND_TIMEOUT_S) -> list[Heal
 
     It runs in a session of its own, and whatever it leaves behind in that session
     (a background child) is killed when it ends or times out: nothing outlives the check,
-    and a child still holding its output cannot make a healthy node look hung.
+    and a child still holding its output cannot make a healthy node look hung. What it
+    started in another session carries ``NVRX_HEALTH_CHECK`` and is killed too, where the
+    launcher is a subreaper (:mod:`._reaper`).
     """
     argv = shlex.split(command)
+    # What leaves the session (setsid) is marked and comes to the launcher (a subreaper).
+    mark = uuid.uuid4().hex
     with tempfile.TemporaryFile() as output:
         try:
             proc = subprocess.Popen(
@@ -285,6 +293,7 @@ def check_command(command: str, timeout: float = COMMAND_TIMEOUT_S) -> list[Heal
                 stdout=output,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                env={**os.environ, HEALTH_CHECK_ENV: mark},
             )
         except OSError as exc:
             return [HealthFailure("command", f"{command!r} could not start: {exc}")]
@@ -295,6 +304,7 @@ def check_command(command: str, timeout: float = COMMAND_TIMEOUT_S) -> list[Heal
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+            sweep(lambda env: env.get(HEALTH_CHECK_ENV) == mark)
         if code is None:
             return [HealthFailure("command", f"{command!r} did not finish within {timeout:g} s")]
         if code == 0:

@@ -18,6 +18,14 @@ alone, and the caller's subreaper setting is restored. Where prctl is not availa
 nothing changes: such a process outlives the launcher (under SLURM or Kubernetes the
 job's cgroup ends it). A launcher killed with SIGKILL cannot clean up either; its
 orphans then go to the next subreaper or init.
+
+Between cycles, :func:`sweep` ends them earlier: what a rank started carries the
+variables torch gives every rank (``TORCHELASTIC_RUN_ID``, ``TORCHELASTIC_RESTART_COUNT``)
+in the environment it started with, so when a cycle's ranks have been stopped, and again
+before the next cycle's start, :class:`RankLeftovers` kills each such child of the
+launcher (and, as it goes, their children): a daemon a rank left cannot hold a GPU's
+memory or a port into the next cycle. A health-check command's are marked and swept the
+same way when the check ends. One that cleared its environment is only reached at the end.
 """
 
 from __future__ import annotations
@@ -29,6 +37,10 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from ._events import CycleStarted, Event, WorkersStopped
 
 __all__: list[str] = []
 
@@ -44,6 +56,12 @@ _POLL_S = 0.01
 #: How often orphans that ended while the job runs are reaped (one /proc scan each).
 _ORPHAN_REAP_S = 10.0
 _JOIN_S = 1.0
+#: The longest one sweep between cycles may take (a process in D state dies late: the
+#: launcher's end takes what is left).
+_SWEEP_BUDGET_S = 2.0
+#: What torch puts in every rank's environment and what the rank starts inherits.
+RUN_ID_ENV = "TORCHELASTIC_RUN_ID"
+RESTART_COUNT_ENV = "TORCHELASTIC_RESTART_COUNT"
 
 
 def _prctl(option: int, arg: object) -> int:
@@ -75,6 +93,82 @@ def _children(pid: int) -> dict[int, tuple[str, int]]:
         if len(fields) >= 3 and fields[1].isdigit() and int(fields[1]) == pid:
             found[int(entry)] = (fields[0], int(fields[2]) if fields[2].isdigit() else -1)
     return found
+
+
+def _environ(pid: int) -> dict[str, str]:
+    """The environment ``pid`` was started with; empty when unreadable (or a zombie)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as environ:
+            data = environ.read()
+    except OSError:
+        return {}
+    found: dict[str, str] = {}
+    for item in data.split(b"\0"):
+        name, sep, value = item.partition(b"=")
+        if sep:
+            found[name.decode("utf-8", "replace")] = value.decode("utf-8", "replace")
+    return found
+
+
+def started_by_a_rank(run_id: str) -> Callable[[Mapping[str, str]], bool]:
+    """Whether an environment is that of a rank of ``run_id`` or of what a rank started."""
+
+    def matches(env: Mapping[str, str]) -> bool:
+        return env.get(RUN_ID_ENV) == run_id and RESTART_COUNT_ENV in env
+
+    return matches
+
+
+def sweep(
+    matches: Callable[[Mapping[str, str]], bool], budget_s: float = _SWEEP_BUDGET_S
+) -> list[int]:
+    """SIGKILL and reap this process's children whose environment ``matches``; their pids.
+
+    Killing one hands its own children to this process (a subreaper), so it repeats
+    until none is left or ``budget_s`` is spent. Zombies are left alone (their
+    environment is gone, and a Popen may be waiting for them).
+    """
+    me = os.getpid()
+    deadline = time.monotonic() + budget_s
+    killed: list[int] = []
+    while time.monotonic() < deadline:
+        targets = {
+            pid
+            for pid, (state, _) in _children(me).items()
+            if state != "Z" and pid not in killed and matches(_environ(pid))
+        }
+        if not targets:
+            break
+        for pid in sorted(targets):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        killed.extend(sorted(targets))
+        _reap(targets, deadline)
+    return killed
+
+
+class RankLeftovers:
+    """Bus subscriber: what a cycle's ranks left running dies with the cycle.
+
+    Runs when this node's ranks were stopped and before the next cycle's ranks start
+    (nothing of the run's ranks may run then), so a daemon a rank started in a session
+    of its own does not live into the next cycle.
+    """
+
+    def __init__(self, run_id: str) -> None:
+        self._matches = started_by_a_rank(run_id)
+
+    def __call__(self, event: Event, record: dict[str, Any]) -> None:
+        if not isinstance(event, WorkersStopped | CycleStarted):
+            return
+        killed = sweep(self._matches)
+        if killed:
+            logger.warning(
+                "killed %d process(es) the last cycle's ranks left running (outside "
+                "their process groups): pids %s",
+                len(killed),
+                killed,
+            )
 
 
 def _name(pid: int) -> str:
@@ -149,7 +243,7 @@ class Reaper:
                         killed.append(pid)
                         with contextlib.suppress(ProcessLookupError, PermissionError):
                             os.kill(pid, signal.SIGKILL)
-                self._reap(set(left))
+                _reap(set(left), time.monotonic() + _REAP_WAIT_S)
         finally:
             with contextlib.suppress(OSError, AttributeError):
                 _prctl(_PR_SET_CHILD_SUBREAPER, self._previous or 0)
@@ -158,16 +252,17 @@ class Reaper:
             logger.warning("killed %d process(es) the job left behind", len(killed))
         return killed
 
-    @staticmethod
-    def _reap(pids: set[int]) -> None:
-        deadline = time.monotonic() + _REAP_WAIT_S
-        while pids and time.monotonic() < deadline:
-            for pid in list(pids):
-                try:
-                    done, _ = os.waitpid(pid, os.WNOHANG)
-                except ChildProcessError:  # reaped elsewhere (its Popen)
-                    done = pid
-                if done == pid:
-                    pids.discard(pid)
-            if pids:
-                time.sleep(_POLL_S)
+
+def _reap(pids: set[int], deadline: float) -> None:
+    """Reap ``pids`` (killed children of this process) until they are gone or ``deadline``."""
+    pids = set(pids)
+    while pids and time.monotonic() < deadline:
+        for pid in list(pids):
+            try:
+                done, _ = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:  # reaped elsewhere (its Popen)
+                done = pid
+            if done == pid:
+                pids.discard(pid)
+        if pids:
+            time.sleep(_POLL_S)
