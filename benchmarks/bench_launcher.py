@@ -73,16 +73,25 @@ def _first_step(out: pathlib.Path, cycle: int) -> float | None:
     return max(steps) if len(steps) >= 2 else None
 
 
+def _is_spare(argv: list[str]) -> bool:
+    """A warm spare's argv, not its guard's (which runs the exec shim)."""
+    return any(a.endswith("_warm_spare.py") for a in argv) and not any(
+        a.endswith("_worker_exec.py") for a in argv
+    )
+
+
 def _spares_idle(launcher: int, ranks: set[int]) -> bool:
     """True when the launcher has 2 warm spares and both wait (imports done).
 
-    Ranks started from spares run the spare program too: ``ranks`` are their pids.
+    Ranks started from spares run the spare program too: ``ranks`` are their pids. Each
+    spare's guard (the exec shim's detached copy, re-parented to the launcher, its
+    subreaper) names the spare program in its argv too, after ``_worker_exec.py``.
     """
     try:
         spares = [
             p
             for p in psutil.Process(launcher).children()
-            if p.pid not in ranks and "_warm_spare.py" in " ".join(p.cmdline())
+            if p.pid not in ranks and _is_spare(p.cmdline())
         ]
         if len(spares) != 2:
             return False
