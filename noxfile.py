@@ -65,8 +65,10 @@ IMPORT_NAMES = {
 #: The suites of real ft_launcher runs mostly wait (rendezvous, timeouts, restarts), so
 #: two pytest-xdist workers run them in about 2/3 of the time (on 2026-12-01, 2 cores:
 #: launcher 434 -> 298 s, integration 460 -> 290 s). ``-n 0`` in the session's
-#: arguments runs them serially (integration: ``-- -n 0 tests-integration``).
-PARALLEL_TESTS = ["-n", "2"]
+#: arguments runs them serially (integration: ``-- -n 0 tests-integration``). Work
+#: stealing: their tests last from 0.1 s to 2 min, and a worker that ends its share early
+#: takes tests from the other instead of waiting for the last long one.
+PARALLEL_TESTS = ["-n", "2", "--dist", "worksteal"]
 XDIST = "pytest-xdist>=3.5"
 PARALLEL_PACKAGES = {"nvrx-ft-launcher"}
 # What every session that runs the whole stack needs beside the four packages.
