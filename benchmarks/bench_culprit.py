@@ -11,12 +11,12 @@ of hang, taken in turn:
 - ``read``: the rank blocks in a read of a pipe nobody writes (a long interruptible
   read, state ``S``: its stack dump runs);
 - ``dread``: the rank blocks in the kernel in uninterruptible sleep (state ``D``), as on
-  a dead NFS server: ``open(path).read()`` of a file on a FUSE mount whose server never
-  answers (packages/nvrx-ft-launcher/tests/_dstate.py, no libfuse; the open's lookup
-  waits in ``fuse_get_req``, killable). Its stack dump cannot run; its flight recorder
-  (served from C++ threads) still answers, and the termination signal, fatal without a
-  handler, ends the wait. Needs root and /dev/fuse: without them the default kinds
-  leave it out and say why.
+  a dead NFS server: ``read(2)`` of a file on a FUSE mount whose server answers
+  everything but READ (packages/nvrx-ft-launcher/tests/_dstate.py, no libfuse; the read
+  waits for the page in ``folio_wait_bit_common``, killable). Its stack dump cannot
+  run; its flight recorder (served from C++ threads) still answers, and the termination
+  signal, fatal without a handler, ends the wait. Needs root and /dev/fuse: without
+  them the default kinds leave it out and say why.
 
 The monitors' rank_terminated events (with each rank's stack summary, /proc state and
 flight-recorder position) go to find_culprit. A run is right when the culprit is the

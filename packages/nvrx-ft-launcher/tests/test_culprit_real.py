@@ -63,7 +63,7 @@ for step in range(1_000_000):
         elif kind == "read":
             os.read(os.pipe()[0], 1)  # a read that never returns (interruptible: state S)
         elif kind == "dread":
-            open(sys.argv[3], "rb").read()  # blocks in the kernel in state D (unserved FUSE)
+            open(sys.argv[3], "rb").read()  # read(2) waits in the kernel in state D
         while True:
             time.sleep(0.5)  # the hang: user code, outside any collective
     dist.all_reduce(torch.ones(4))
@@ -108,7 +108,7 @@ def run_hang(
     ``kind``: ``sleep`` (user code, outside any collective), ``stop`` (SIGSTOP),
     ``desync`` (a broadcast on another group while the others all-reduce), ``read``
     (a blocking read of a pipe nobody writes) or ``dread`` (a read blocked in the kernel
-    in state D, as on a dead NFS server: a file on a FUSE mount nobody serves, see
+    in state D, as on a dead NFS server: a file on a FUSE mount that never answers a READ, see
     :mod:`_dstate`; needs root). The mount is torn down after every rank is gone.
     ``flight_recorder=False`` turns torch's flight recorder off in the ranks
     (``TORCH_FR_BUFFER_SIZE=0``): the evidence is then the stacks, states and times.

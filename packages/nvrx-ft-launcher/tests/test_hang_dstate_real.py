@@ -1,10 +1,10 @@
 """A real ft_launcher job with a rank stuck in the kernel (state D), as on a dead NFS server.
 
-Rank 1 of 4 gloo ranks opens a file on a FUSE mount nobody serves (:mod:`_dstate`) in
-cycle 0: it sits in state ``D``, its stack dump cannot run, its flight recorder still
-answers. The launcher names it, and the collective the others wait in; its monitor ends
-it (the termination signal, fatal without a handler; SIGKILL after the grace period
-when the rank handles SIGTERM), and cycle 1 finishes the job.
+Rank 1 of 4 gloo ranks reads a file on a FUSE mount whose server never answers a READ
+(:mod:`_dstate`) in cycle 0: read(2) sits in state ``D``, its stack dump cannot run,
+its flight recorder still answers. The launcher names it, and the collective the others
+wait in; its monitor ends it (the termination signal, fatal without a handler; SIGKILL
+after the grace period when the rank handles SIGTERM), and cycle 1 finishes the job.
 """
 
 from __future__ import annotations
