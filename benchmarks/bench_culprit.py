@@ -33,10 +33,10 @@ In ``nox -s bench`` (``run``): 10 runs (2 of each kind; 8 without ``dread``) wit
 ``collective_wrong`` (targets 0), ``culprit_right`` and ``culprit_undecided`` (counts),
 ``culprit_decided`` (the slowest run's decided_s, target 5 s) and the time a run took.
 
-Measured on the shared 2-core dev box (load about 8, as root so ``dread`` ran),
+Measured on the shared 2-core dev box (load about 9, as root so ``dread`` ran),
 ``--runs 10 --seed 18`` (two runs of each kind): right 10, undecided 0, wrong 0,
-collective wrong 0; decided 0.00-0.06 s after the first hang event; 13.8-21.4 s per run
-(3 min 7 s in all). Both ``dread`` runs: the rank in state D with no stack, named by the
+collective wrong 0; decided 0.01-0.06 s after the first hang event; 18.1-24.2 s per run
+(3 min 27 s in all). Both ``dread`` runs: the rank in state D with no stack, named by the
 flight recorders and the blocked rule: "rank 1: blocked in the kernel (state D), last
 heartbeat 4.0 s ago, no stack; ranks 0, 2, 3: blocked in all_reduce; ranks 0, 2, 3 wait
 in all_reduce #16 on default_pg while rank 1 is blocked in the kernel". Earlier, without
