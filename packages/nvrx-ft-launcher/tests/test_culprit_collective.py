@@ -168,6 +168,14 @@ CASES = [
         None,
     ),
     (
+        "state D inside another collective: the desync rule's, not the blocked rule's",
+        evs((AR, AR5), (None, BC5), (AR, AR5), (AR, AR5), state="D"),
+        1,
+        (Basis.COLLECTIVE,),
+        WAIT5,
+        "blocked in the kernel in broadcast #5 on default_pg",
+    ),
+    (
         "state D while another rank is outside a collective: undecided",
         evs((SLEEP, None), (None, None), (AR, None), (AR, None), state="D"),
         None,

@@ -24,8 +24,7 @@ it. These rules read that evidence:
 - blocked: exactly one rank is in uninterruptible sleep (state ``D``: a read from a dead
   NFS server, a driver call) and has no stack (its stack dump cannot run until the
   kernel call ends), every other rank's stack is inside the same collective operation,
-  and its own flight recorder (when read) does not show it waiting in the collective the
-  others wait in;
+  and its own flight recorder (when read) does not show it waiting in a collective;
 - timing: one rank's last activity (heartbeat, section open or close; wall clock, so
   ranks of other nodes compare) is earlier than every other rank's by ``min_margin_s``.
 
@@ -249,9 +248,9 @@ def _by_blocked(evidence: Sequence[RankEvidence]) -> int | None:
         return None
     if any(ev.stack is None or not ev.stack.in_collective for ev in others):
         return None
-    mine, waited = blocked[0].collective, _waited(others)
-    if mine is not None and mine.pending and mine == waited:
-        return None  # a waiting rank whose wait went through the kernel: a victim
+    mine = blocked[0].collective
+    if mine is not None and mine.pending:
+        return None  # its wait in a collective went through the kernel: the other rules'
     return blocked[0].rank
 
 
