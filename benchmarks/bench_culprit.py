@@ -2,16 +2,21 @@
 
 Each run is tests-integration-style real processes (packages/nvrx-ft-launcher/tests/
 test_culprit_real.run_hang): 4 gloo ranks under their own nvrx.ft monitors, one rank
-(random) hangs at step 15 while the others block in their 16th all_reduce. Four kinds
+(random) hangs at step 15 while the others block in their 16th all_reduce. Five kinds
 of hang, taken in turn:
 
 - ``sleep``: the rank is stuck in Python (time.sleep in a loop) before its all_reduce;
 - ``stop``: the rank is stopped (SIGSTOP);
 - ``desync``: the rank broadcasts on another process group while the others all-reduce;
-- ``read``: the rank blocks in a read of a pipe nobody writes (a long blocking read).
-  A read in uninterruptible sleep (state ``D``, e.g. a dead NFS server) cannot be made
-  without root here; in the kernel it looks like ``read`` to the monitor, except that
-  SIGCONT and the dump signal wait for the read to end.
+- ``read``: the rank blocks in a read of a pipe nobody writes (a long interruptible
+  read, state ``S``: its stack dump runs);
+- ``dread``: the rank blocks in the kernel in uninterruptible sleep (state ``D``), as on
+  a dead NFS server: ``read(2)`` of a file on a FUSE mount whose server answers
+  everything but READ (packages/nvrx-ft-launcher/tests/_dstate.py, no libfuse; the read
+  waits for the page in ``folio_wait_bit_common``, killable). Its stack dump cannot
+  run; its flight recorder (served from C++ threads) still answers, and the termination
+  signal, fatal without a handler, ends the wait. Needs root and /dev/fuse: without
+  them the default kinds leave it out and say why.
 
 The monitors' rank_terminated events (with each rank's stack summary, /proc state and
 flight-recorder position) go to find_culprit. A run is right when the culprit is the
@@ -20,18 +25,23 @@ named as culprit or another collective is wrong. ``decided_s`` is the time from 
 first monitor's hang event to the last rank's (find_culprit itself takes microseconds):
 the launcher decides then.
 
-    .venv-dev/bin/python benchmarks/bench_culprit.py [--runs 8] [--seed S] [--json]
-        [--kinds sleep,stop,desync,read]
+    .venv-dev/bin/python benchmarks/bench_culprit.py [--runs N] [--seed S] [--json]
+        [--kinds sleep,stop,desync,read,dread]
 
-In ``nox -s bench`` (``run``): 8 runs (2 of each kind) with seed 18 (4 with ``--quick``),
-reported as ``culprit_wrong`` and ``collective_wrong`` (targets 0), ``culprit_right``
-and ``culprit_undecided`` (counts), ``culprit_decided`` (the slowest run's decided_s,
-target 5 s) and the time a run took.
+In ``nox -s bench`` (``run``): 10 runs (2 of each kind; 8 without ``dread``) with seed
+18 (one of each with ``--quick``), reported as ``culprit_wrong`` and
+``collective_wrong`` (targets 0), ``culprit_right`` and ``culprit_undecided`` (counts),
+``culprit_decided`` (the slowest run's decided_s, target 5 s) and the time a run took.
 
-Measured on the shared 2-core dev box (load about 10), ``--runs 8 --seed 18`` (two runs
-of each kind): right 8, undecided 0, wrong 0, collective wrong 0; decided 0.01-0.10 s
-after the first hang event; 16.7-26.1 s per run. ``--runs 12 --seed 7``: right 12,
-wrong 0, collective wrong 0, decided within 0.03 s; 11.8-29.1 s per run.
+Measured on the shared 2-core dev box (load about 9, as root so ``dread`` ran),
+``--runs 10 --seed 18`` (two runs of each kind): right 10, undecided 0, wrong 0,
+collective wrong 0; decided 0.01-0.06 s after the first hang event; 18.1-24.2 s per run
+(3 min 27 s in all). Both ``dread`` runs: the rank in state D with no stack, named by the
+flight recorders and the blocked rule: "rank 1: blocked in the kernel (state D), last
+heartbeat 4.0 s ago, no stack; ranks 0, 2, 3: blocked in all_reduce; ranks 0, 2, 3 wait
+in all_reduce #16 on default_pg while rank 1 is blocked in the kernel". Earlier, without
+``dread``: ``--runs 8 --seed 18`` right 8, decided within 0.10 s; ``--runs 12 --seed 7``
+right 12, decided within 0.03 s.
 """
 
 from __future__ import annotations
@@ -54,6 +64,7 @@ sys.path.append(
 )
 
 from _common import Metric
+from _dstate import unavailable_reason  # type: ignore[import-not-found, unused-ignore]
 from test_culprit_real import (  # type: ignore[import-not-found, unused-ignore]
     HUNG_AT_STEP,
     WORLD,
@@ -61,16 +72,25 @@ from test_culprit_real import (  # type: ignore[import-not-found, unused-ignore]
 )
 
 AREA = "culprit"
-KINDS = ("sleep", "stop", "desync", "read")
+KINDS = ("sleep", "stop", "desync", "read", "dread")
 #: What every run's finding must name: the all_reduce of the step after the hang.
 WAITED = {"op": "all_reduce", "group": "default_pg", "seq": HUNG_AT_STEP + 1}
 DECIDED_TARGET_S = 5.0
 
 
+def default_kinds() -> tuple[str, ...]:
+    """Every kind this machine can make (``dread`` needs root and /dev/fuse)."""
+    if unavailable_reason() is None:
+        return KINDS
+    print(f"bench_culprit: no dread runs: {unavailable_reason()}", flush=True)
+    return tuple(k for k in KINDS if k != "dread")
+
+
 def run(quick: bool) -> list[Metric]:
     """The bench suite's entry: the runs below with a fixed seed, as metrics."""
-    runs = 4 if quick else 8
-    counts, rows = hang_runs(runs, 18, KINDS)
+    kinds = default_kinds()
+    runs = len(kinds) * (1 if quick else 2)
+    counts, rows = hang_runs(runs, 18, kinds)
     seconds = [float(row["s"]) for row in rows]
     decided = max(float(row["decided_s"]) for row in rows)
     return [
@@ -79,12 +99,19 @@ def run(quick: bool) -> list[Metric]:
         Metric(AREA, "culprit_right", counts["right"], "runs", runs),
         Metric(AREA, "culprit_undecided", counts["undecided"], "runs", runs),
         Metric(AREA, "culprit_decided", decided, "s", runs, target=DECIDED_TARGET_S),
-        Metric(AREA, "culprit_run", statistics.median(seconds), "s", runs, detail={"runs": rows}),
+        Metric(
+            AREA,
+            "culprit_run",
+            statistics.median(seconds),
+            "s",
+            runs,
+            detail={"runs": rows, "kinds": list(kinds), "no_dread": unavailable_reason()},
+        ),
     ]
 
 
 def hang_runs(
-    runs: int, seed: int | None, kinds: tuple[str, ...] = KINDS
+    runs: int, seed: int | None, kinds: tuple[str, ...]
 ) -> tuple[collections.Counter[str], list[dict[str, Any]]]:
     """``runs`` real hangs of a random rank, kinds in turn: outcome counts and rows."""
     rng = random.Random(seed)
@@ -125,18 +152,23 @@ def hang_runs(
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=8)
+    parser.add_argument("--runs", type=int, default=None, help="default: 2 of each kind")
     parser.add_argument("--seed", type=int, default=None)
-    parser.add_argument("--kinds", default=",".join(KINDS), help="comma-separated hang kinds")
+    parser.add_argument(
+        "--kinds", default=None, help="comma-separated hang kinds (default: all this machine can)"
+    )
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
     args = parser.parse_args()
-    kinds = tuple(k for k in args.kinds.split(",") if k)
+    kinds = default_kinds() if args.kinds is None else tuple(k for k in args.kinds.split(",") if k)
     unknown = sorted(set(kinds) - set(KINDS))
     if unknown or not kinds:
         parser.error(f"--kinds {args.kinds!r}: expected some of {', '.join(KINDS)}")
-    counts, rows = hang_runs(args.runs, args.seed, kinds)
+    if "dread" in kinds and unavailable_reason() is not None:
+        parser.error(f"--kinds dread: {unavailable_reason()}")
+    runs = 2 * len(kinds) if args.runs is None else args.runs
+    counts, rows = hang_runs(runs, args.seed, kinds)
     keys = ("right", "undecided", "wrong", "collective_wrong")
-    summary: dict[str, Any] = {k: counts[k] for k in keys} | {"runs": args.runs}
+    summary: dict[str, Any] = {k: counts[k] for k in keys} | {"runs": runs}
     summary["decided_s_max"] = max(float(r["decided_s"]) for r in rows) if rows else None
     print(json.dumps(summary) if args.json else f"summary: {summary}")
     return 1 if counts["wrong"] or counts["collective_wrong"] else 0

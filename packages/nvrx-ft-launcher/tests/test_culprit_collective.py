@@ -37,6 +37,7 @@ C = CollectiveState | None
 def evs(
     *ranks: tuple[S, C], state: str = "S", stale_first: int | None = None
 ) -> list[RankEvidence]:
+    """Evidence of ranks 0, 1, ...; ``state`` is rank 1's /proc state (the others': S)."""
     return [
         RankEvidence(
             r,
@@ -45,7 +46,7 @@ def evs(
             8.0,
             8.0,
             stack,
-            "T" if state == "T" and r == 1 else "S",
+            state if r == 1 else "S",
             coll,
         )
         for r, (stack, coll) in enumerate(ranks)
@@ -134,6 +135,78 @@ CASES = [
         WAIT5,
         None,
     ),
+    (
+        "blocked in the kernel (state D, no stack), no flight recorder",
+        evs((AR, None), (None, None), (AR, None), (AR, None), state="D"),
+        1,
+        (Basis.BLOCKED,),
+        WAIT_OP,
+        "blocked in the kernel",
+    ),
+    (
+        "blocked in the kernel, the flight recorders agree",
+        evs((AR, AR5), (None, AR4_DONE), (AR, AR5), (AR, AR5), state="D"),
+        1,
+        (Basis.COLLECTIVE, Basis.BLOCKED),
+        WAIT5,
+        "blocked in the kernel",
+    ),
+    (
+        "blocked in the kernel and stale first by the margin",
+        evs((AR, None), (None, None), (AR, None), state="D", stale_first=1),
+        1,
+        (Basis.BLOCKED, Basis.TIMING),
+        WAIT_OP,
+        "blocked in the kernel",
+    ),
+    (
+        "state D inside the waited collective is a victim: undecided",
+        evs((AR, AR5), (None, AR5), (AR, AR5), state="D"),
+        None,
+        (),
+        WAIT5,
+        None,
+    ),
+    (
+        "state D inside another collective: the desync rule's, not the blocked rule's",
+        evs((AR, AR5), (None, BC5), (AR, AR5), (AR, AR5), state="D"),
+        1,
+        (Basis.COLLECTIVE,),
+        WAIT5,
+        "blocked in the kernel in broadcast #5 on default_pg",
+    ),
+    (
+        "state D while another rank is outside a collective: undecided",
+        evs((SLEEP, None), (None, None), (AR, None), (AR, None), state="D"),
+        None,
+        (),
+        WAIT_OP,
+        None,
+    ),
+    (
+        "state D while the others are in two operations: undecided",
+        evs((AR, None), (None, None), (BC, None), (AR, None), state="D"),
+        None,
+        (),
+        WAIT_OP,
+        None,
+    ),
+    (
+        "state D against the heartbeat times: undecided",
+        evs((AR, None), (None, None), (AR, None), (AR, None), state="D", stale_first=2),
+        None,
+        (),
+        WAIT_OP,
+        None,
+    ),
+    (
+        "state D with a stack is not the blocked rule's",
+        evs((AR, None), (AR, None), (AR, None), state="D"),
+        None,
+        (),
+        WAIT_OP,
+        None,
+    ),
 ]
 
 
@@ -173,6 +246,21 @@ def test_the_finding_validates_against_the_journal_schema() -> None:
     jsonschema.Draft202012Validator(schema).validate(record)
     assert record["collective"] == WAIT5
     assert record["culprit_frame"] == "at train.py:53 (step)"
+
+
+def test_a_blocked_finding_validates_against_the_journal_schema() -> None:
+    found = find_culprit(evs((AR, None), (None, None), (AR, None), state="D"), world_size=3)
+    assert found.culprit == 1
+    record = HangAttributed(cycle=0, **found.to_json()).to_record()
+    record |= {"schema_version": 1, "t": T0, "node": "n0"}
+    schema = json.loads(schema_path("journal").read_text())
+    jsonschema.Draft202012Validator(schema).validate(record)
+    assert record["basis"] == ["blocked"]
+    assert record["sentence"] == (
+        "rank 1: blocked in the kernel (state D), last heartbeat 8.0 s ago, no stack; "
+        "ranks 0, 2: blocked in all_reduce; ranks 0, 2 wait in all_reduce while rank 1 is "
+        "blocked in the kernel"
+    )
 
 
 def test_the_collective_state_travels_in_the_monitor_event() -> None:

@@ -29,7 +29,11 @@ from nvrx.ft import (
     parse_monitor_event,
 )
 from nvrx.ft._events import MAX_EVENT_BYTES
-from nvrx.launcher._culprit import CulpritFinding, RankEvidence, find_culprit
+from nvrx.launcher._culprit import Basis, CulpritFinding, RankEvidence, find_culprit
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+
+from _dstate import unavailable_reason, unserved_file  # type: ignore[import-not-found, unused-ignore]
 
 WORLD = 4
 HUNG_AT_STEP = 15
@@ -58,6 +62,8 @@ for step in range(1_000_000):
             dist.broadcast(torch.ones(4), src=hung, group=side)  # not the others' all_reduce
         elif kind == "read":
             os.read(os.pipe()[0], 1)  # a read that never returns (interruptible: state S)
+        elif kind == "dread":
+            open(sys.argv[3], "rb").read()  # read(2) waits in the kernel in state D
         while True:
             time.sleep(0.5)  # the hang: user code, outside any collective
     dist.all_reduce(torch.ones(4))
@@ -94,13 +100,33 @@ def _config() -> FaultToleranceConfig:
     )
 
 
-def run_hang(hung_rank: int, workdir: pathlib.Path, kind: str = "sleep") -> HangRun:
+def run_hang(
+    hung_rank: int, workdir: pathlib.Path, kind: str = "sleep", *, flight_recorder: bool = True
+) -> HangRun:
     """Start WORLD ranks under monitors, let ``hung_rank`` hang, collect every rank's evidence.
 
     ``kind``: ``sleep`` (user code, outside any collective), ``stop`` (SIGSTOP),
-    ``desync`` (a broadcast on another group while the others all-reduce) or ``read``
-    (a blocking read of a pipe nobody writes).
+    ``desync`` (a broadcast on another group while the others all-reduce), ``read``
+    (a blocking read of a pipe nobody writes) or ``dread`` (a read blocked in the kernel
+    in state D, as on a dead NFS server: a file on a FUSE mount that never answers a READ, see
+    :mod:`_dstate`; needs root). The mount is torn down after every rank is gone.
+    ``flight_recorder=False`` turns torch's flight recorder off in the ranks
+    (``TORCH_FR_BUFFER_SIZE=0``): the evidence is then the stacks, states and times.
     """
+    env = {} if flight_recorder else {"TORCH_FR_BUFFER_SIZE": "0"}
+    if kind != "dread":
+        return _run_hang(hung_rank, workdir, kind, None, env)
+    with unserved_file() as blocking:
+        return _run_hang(hung_rank, workdir, kind, blocking, env)
+
+
+def _run_hang(
+    hung_rank: int,
+    workdir: pathlib.Path,
+    kind: str,
+    blocking: pathlib.Path | None,
+    extra_env: dict[str, str],
+) -> HangRun:
     script = workdir / "train.py"
     script.write_text(_TRAIN.replace("{hung_at}", str(HUNG_AT_STEP)))
     runtime = create_runtime_dir()
@@ -133,11 +159,12 @@ def run_hang(hung_rank: int, workdir: pathlib.Path, kind: str = "sleep") -> Hang
                 "MASTER_ADDR": "127.0.0.1",
                 "MASTER_PORT": str(port),
                 "GLOO_SOCKET_IFNAME": "lo",
+                **extra_env,
             }
             with (workdir / f"rank-{rank}.log").open("wb") as log:
                 ranks.append(
                     subprocess.Popen(
-                        [sys.executable, str(script), str(hung_rank), kind],
+                        [sys.executable, str(script), str(hung_rank), kind, str(blocking)],
                         env=env,
                         stdout=log,
                         stderr=subprocess.STDOUT,
@@ -210,3 +237,42 @@ def test_hung_rank_is_named_and_victims_wait_in_all_reduce(tmp_path: pathlib.Pat
         assert f"stack in train.py:{HANG_LINE}; ranks 0, 1, 3: blocked in all_reduce" in (
             finding.sentence
         )
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+@pytest.mark.skipif(unavailable_reason() is not None, reason=f"{unavailable_reason()}")
+@pytest.mark.parametrize("flight_recorder", [True, False], ids=["flight-recorder", "stacks"])
+def test_a_rank_blocked_in_a_d_state_read_is_named(
+    tmp_path: pathlib.Path, flight_recorder: bool
+) -> None:
+    """A rank in a read the kernel never ends (state D, a dead NFS server's kind of hang)."""
+    run = run_hang(1, tmp_path, "dread", flight_recorder=flight_recorder)
+    logs = "\n".join(
+        f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}"
+        for p in sorted(tmp_path.glob("*.log"))
+    )
+    by_rank = {ev.rank: ev for ev in run.evidence}
+    assert set(by_rank) == set(range(WORLD)), logs
+    hung = by_rank[1]
+    assert hung.proc_state == "D", logs
+    assert hung.stack is None, "a stack dump ran in state D"  # the dump signal waits
+    finding = run.finding
+    assert (finding.culprit, finding.victims) == (1, (0, 2, 3)), (finding, logs)
+    assert finding.culprit_frame == "blocked in the kernel"
+    assert finding.sentence.startswith("rank 1: blocked in the kernel (state D), "), finding
+    if flight_recorder:
+        assert hung.collective is not None, hung
+        assert not hung.collective.pending, hung  # it finished all_reduce #15
+        assert finding.collective == {"op": "all_reduce", "group": "default_pg", "seq": 16}
+        assert finding.basis == (Basis.COLLECTIVE, Basis.BLOCKED)
+    else:
+        assert hung.collective is None, hung
+        assert finding.collective == {"op": "all_reduce", "group": None, "seq": None}
+        assert finding.basis == (Basis.BLOCKED,)
+    # The monitor's termination signal (default SIGTERM: no handler, so fatal) ends the
+    # killable wait: no SIGKILL was needed.
+    monitor_log = (tmp_path / "monitor-1.log").read_text()
+    assert "survived" not in monitor_log, monitor_log
+    assert "has exited" in monitor_log, monitor_log

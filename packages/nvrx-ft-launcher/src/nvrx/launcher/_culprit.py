@@ -5,7 +5,7 @@ heartbeating and are terminated by their monitors too. Each monitor's
 ``rank_terminated`` event carries the rank's last activity time and, when the monitor
 could read the rank's stack dump, where its training thread was
 (:class:`nvrx.ft.StackSummary`) and its scheduler state just before the monitor signalled
-it. Three rules read that evidence:
+it. These rules read that evidence:
 
 - stopped: exactly one rank was stopped by a signal (state ``T``, e.g. SIGSTOP): it was
   frozen, not waiting on anyone, so it is the culprit whatever the other rules say and
@@ -21,6 +21,10 @@ it. Three rules read that evidence:
   one (a desync);
 - desync: every rank's stack is inside a collective, and all but one are in the same
   operation, at least two of them (the flight recorder is not read);
+- blocked: exactly one rank is in uninterruptible sleep (state ``D``: a read from a dead
+  NFS server, a driver call) and has no stack (its stack dump cannot run until the
+  kernel call ends), every other rank's stack is inside the same collective operation,
+  and its own flight recorder (when read) does not show it waiting in a collective;
 - timing: one rank's last activity (heartbeat, section open or close; wall clock, so
   ranks of other nodes compare) is earlier than every other rank's by ``min_margin_s``.
 
@@ -61,6 +65,7 @@ class Basis(enum.Enum):
     TIMING = "timing"
     STOPPED = "stopped"
     COLLECTIVE = "collective"
+    BLOCKED = "blocked"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,6 +104,8 @@ class RankEvidence:
         parts = []
         if self.proc_state == "T":
             parts.append("stopped by a signal (state T)")
+        elif self.proc_state == "D":
+            parts.append("blocked in the kernel (state D)")
         if self.last_heartbeat_s is not None:
             parts.append(f"last heartbeat {self.last_heartbeat_s:.1f} s ago")
         elif self.last_activity_s is not None:
@@ -231,6 +238,22 @@ def _by_stack_desync(evidence: Sequence[RankEvidence]) -> int | None:
     return odd[0] if len(odd) == 1 and n >= 2 else None
 
 
+def _by_blocked(evidence: Sequence[RankEvidence]) -> int | None:
+    """The one rank in state D without a stack while every other one waits in a collective."""
+    blocked = [ev for ev in evidence if ev.proc_state == "D" and ev.stack is None]
+    others = [ev for ev in evidence if ev.rank not in {b.rank for b in blocked}]
+    if len(blocked) != 1 or not others:
+        return None
+    if len({ev.stack.collective if ev.stack else None for ev in others} - {None}) != 1:
+        return None
+    if any(ev.stack is None or not ev.stack.in_collective for ev in others):
+        return None
+    mine = blocked[0].collective
+    if mine is not None and mine.pending:
+        return None  # its wait in a collective went through the kernel: the other rules'
+    return blocked[0].rank
+
+
 def _waited_by(evidence: Sequence[RankEvidence], culprit: int | None) -> dict[str, Any] | None:
     """The collective the ranks other than the culprit wait in (journal form)."""
     others = [ev for ev in evidence if ev.rank != culprit]
@@ -247,7 +270,9 @@ def _waited_by(evidence: Sequence[RankEvidence], culprit: int | None) -> dict[st
 
 def _doing(ev: RankEvidence) -> str | None:
     """Where the culprit was: 'in broadcast #5 on default_pg at train.py:40 (main)'."""
-    parts = ["stopped by a signal"] if ev.proc_state == "T" else []
+    parts = {"T": ["stopped by a signal"], "D": ["blocked in the kernel"]}.get(
+        ev.proc_state or "", []
+    )
     if ev.collective is not None and ev.collective.pending:
         parts.append(f"in {ev.collective.describe()}")
     elif ev.stack is not None and ev.stack.collective is not None:
@@ -342,6 +367,7 @@ def _find(
     by_collective = _by_collective(items)
     by_stack = _by_stack(items)
     by_timing = _by_timing(items, min_margin_s)
+    by_blocked = _by_blocked(items)
     if by_collective is not None:
         if by_stack is not None and by_stack != by_collective:
             return undecided(
@@ -351,6 +377,7 @@ def _find(
             b
             for b, r in (
                 (Basis.COLLECTIVE, by_collective),
+                (Basis.BLOCKED, by_blocked),
                 (Basis.STACK, by_stack),
                 (Basis.TIMING, by_timing),
             )
@@ -369,6 +396,20 @@ def _find(
             basis,
             how + " (flight recorder)",
             f"rank {by_collective}: {seen[by_collective].describe()}; {_grouped(victims)}",
+        )
+    if by_blocked is not None:
+        if by_timing is not None and by_timing != by_blocked:
+            return undecided(
+                f"rank {by_blocked} is blocked in the kernel, "
+                f"the heartbeat times point at rank {by_timing}"
+            )
+        victims = [ev for ev in items if ev.rank != by_blocked]
+        return CulpritFinding(
+            by_blocked,
+            tuple(ev.rank for ev in victims),
+            (Basis.BLOCKED,) + ((Basis.TIMING,) if by_timing == by_blocked else ()),
+            "it is blocked in the kernel (state D) while the others wait in a collective",
+            f"rank {by_blocked}: {seen[by_blocked].describe()}; {_grouped(victims)}",
         )
     desync = False
     if by_stack is None:
