@@ -143,6 +143,16 @@ class MonitorSupervisor:
         proc.join(timeout=5.0)
         return True
 
+    def renew_dead(self) -> None:
+        """Start a fresh monitor for every one that died or stalled (logged), before a start."""
+        for local_rank, code in sorted(self.dead().items()):
+            logger.error(
+                "the monitor of local rank %d died (exit code %s); starting a new one",
+                local_rank,
+                code,
+            )
+            self.replace(local_rank)
+
     def replace(self, local_rank: int) -> None:
         """Start a fresh monitor for ``local_rank`` (the old one is gone)."""
         old = self._procs.get(local_rank)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import nvrx.ft._events as kinds
 from nvrx.ft import MonitorEvent
@@ -21,6 +21,7 @@ from ._cycle_state import CycleState, RankPids
 from ._events import (
     CheckpointRestored,
     FirstStep,
+    MonitorDied,
     ProgressMoved,
     RankTerminatedByMonitor,
     Recorder,
@@ -87,6 +88,25 @@ class RankReports:
             elif event.event == kinds.WORKLOAD_CONTROL:
                 self._recorder.record(from_monitor_event(WorkloadControl, cycle.number, event))
                 cycle.note_request(event)
+
+    def monitors_died(self, dead: Mapping[int, int | None]) -> list[str]:
+        """Journal each dead monitor (local rank -> its exit code); the phrases of those
+        whose rank was connected, which went unwatched (they end the cycle)."""
+        cycle = self._cycle_now()
+        causes = []
+        for local_rank, code in sorted(dead.items()):
+            served = local_rank in cycle.connected
+            self._recorder.record(
+                MonitorDied(
+                    cycle=cycle.number,
+                    local_rank=local_rank,
+                    exit_code=code,
+                    rank_was_connected=served,
+                )
+            )
+            if served:
+                causes.append(f"the monitor of local rank {local_rank} died (exit code {code})")
+        return causes
 
     def _note_first_step(self, event: MonitorEvent) -> None:
         """Journal the cycle's ``first_step`` once every local rank finished its first step."""
