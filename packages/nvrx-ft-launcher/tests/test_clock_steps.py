@@ -22,7 +22,7 @@ from typing import Any, cast
 import pytest
 from launcher_testkit import Launcher  # type: ignore[import-not-found]
 
-from nvrx.ft import MonitorEvent
+from nvrx.ft._events import RankTerminated
 from nvrx.launcher import ExitCode, _hang_wait
 from nvrx.launcher._cycle_state import CycleState
 
@@ -72,8 +72,8 @@ def test_hang_evidence_wait_ends_on_time_when_the_wall_clock_steps_back(
         _hang_wait, "time", types.SimpleNamespace(monotonic=clock.monotonic, time=clock.time)
     )
     cycle = CycleState(number=0, started=clock.time(), progress=None)
-    report = MonitorEvent(
-        event="rank_terminated", local_rank=0, rank=0, pid=1, cause="heartbeat_timeout"
+    report = RankTerminated(
+        local_rank=0, rank=0, pid=1, cause="heartbeat_timeout", message="no heartbeat"
     )
     cycle.terminated[0] = report
     cycle.first_report = clock.time()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from nvrx.ft import MonitorEvent
+from nvrx.ft._events import WorkloadRequest
 from nvrx.launcher._coordination import Action, Decision, JobState, StopCause
 from nvrx.launcher._cycle_decisions import (
     decision_taken,
@@ -18,9 +18,8 @@ from nvrx.launcher._policy import Trigger
 from nvrx.launcher.exit_codes import ExitCode
 
 
-def _request(action: str, rank: int) -> MonitorEvent:
-    return MonitorEvent(
-        event="workload_control",
+def _request(action: str, rank: int) -> WorkloadRequest:
+    return WorkloadRequest(
         local_rank=0,
         rank=rank,
         pid=10 + rank,

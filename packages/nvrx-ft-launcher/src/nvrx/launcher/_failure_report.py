@@ -18,6 +18,7 @@ from typing import Any
 from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup
 
 from nvrx.ft import MonitorEvent
+from nvrx.ft._events import RankTerminated
 
 from ._culprit import CulpritFinding, RankEvidence, find_culprit
 from ._cycle_state import CycleState
@@ -43,7 +44,7 @@ def _describe_exit(exitcode: int) -> str:
     return f"exited with code {exitcode}"
 
 
-def _describe_termination(event: MonitorEvent) -> str:
+def _describe_termination(event: RankTerminated) -> str:
     parts = [f"its monitor terminated it: {event.cause}"]
     if event.section:
         parts.append(f"section {event.section!r}")
@@ -54,7 +55,7 @@ def _describe_termination(event: MonitorEvent) -> str:
 
 def hang_evidence(cycle: CycleState) -> list[RankEvidence]:
     """The monitors' reports of the cycle's hung ranks, as the culprit rules read them."""
-    found = map(RankEvidence.from_event, cycle.terminated.values())
+    found = (RankEvidence.from_event(MonitorEvent.of(e)) for e in cycle.terminated.values())
     return [e for e in found if e is not None]
 
 
