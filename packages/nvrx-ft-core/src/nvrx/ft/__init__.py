@@ -11,18 +11,34 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from nvrx.ft._cycle_info import CYCLE_INFO_ENV as CYCLE_INFO_ENV
-    from nvrx.ft._cycle_info import CYCLE_INFO_SCHEMA_VERSION as CYCLE_INFO_SCHEMA_VERSION
-    from nvrx.ft._cycle_info import CycleGoodput as CycleGoodput
-    from nvrx.ft._cycle_info import CycleInfo as CycleInfo
-    from nvrx.ft._cycle_info import CycleNode as CycleNode
-    from nvrx.ft._cycle_info import cycle_info_schema_path as cycle_info_schema_path
-    from nvrx.ft._cycle_info import read_cycle_info as read_cycle_info
-    from nvrx.ft._cycle_info import write_cycle_info as write_cycle_info
     from nvrx.ft._events import MAX_EVENT_BYTES as MAX_EVENT_BYTES
     from nvrx.ft._events import MonitorEvent as MonitorEvent
     from nvrx.ft._events import parse_monitor_event as parse_monitor_event
     from nvrx.ft._files import write_file_atomically as write_file_atomically
+    from nvrx.ft._formats.cycle_info import CYCLE_INFO_ENV as CYCLE_INFO_ENV
+    from nvrx.ft._formats.cycle_info import CYCLE_INFO_SCHEMA_VERSION as CYCLE_INFO_SCHEMA_VERSION
+    from nvrx.ft._formats.cycle_info import CycleGoodput as CycleGoodput
+    from nvrx.ft._formats.cycle_info import CycleInfo as CycleInfo
+    from nvrx.ft._formats.cycle_info import CycleNode as CycleNode
+    from nvrx.ft._formats.cycle_info import cycle_info_schema_path as cycle_info_schema_path
+    from nvrx.ft._formats.cycle_info import read_cycle_info as read_cycle_info
+    from nvrx.ft._formats.cycle_info import write_cycle_info as write_cycle_info
+    from nvrx.ft._formats.straggler_scores import STRAGGLER_SCORES_ENV as STRAGGLER_SCORES_ENV
+    from nvrx.ft._formats.straggler_scores import (
+        STRAGGLER_SCORES_SCHEMA_VERSION as STRAGGLER_SCORES_SCHEMA_VERSION,
+    )
+    from nvrx.ft._formats.straggler_scores import RankStragglerScores as RankStragglerScores
+    from nvrx.ft._formats.straggler_scores import StragglerReportLike as StragglerReportLike
+    from nvrx.ft._formats.straggler_scores import StragglerScores as StragglerScores
+    from nvrx.ft._formats.straggler_scores import flush_straggler_reports as flush_straggler_reports
+    from nvrx.ft._formats.straggler_scores import (
+        publish_straggler_report as publish_straggler_report,
+    )
+    from nvrx.ft._formats.straggler_scores import read_straggler_scores as read_straggler_scores
+    from nvrx.ft._formats.straggler_scores import (
+        straggler_scores_schema_path as straggler_scores_schema_path,
+    )
+    from nvrx.ft._formats.straggler_scores import write_straggler_scores as write_straggler_scores
     from nvrx.ft._health import HealthError as HealthError
     from nvrx.ft._liveness import monitor_beat_age as monitor_beat_age
     from nvrx.ft._logs import log_formatter as log_formatter
@@ -32,20 +48,6 @@ if TYPE_CHECKING:
     from nvrx.ft._state import LoadedTimeouts as LoadedTimeouts
     from nvrx.ft._state import parse_timeouts_state as parse_timeouts_state
     from nvrx.ft._state import read_timeouts_state_file as read_timeouts_state_file
-    from nvrx.ft._straggler_scores import STRAGGLER_SCORES_ENV as STRAGGLER_SCORES_ENV
-    from nvrx.ft._straggler_scores import (
-        STRAGGLER_SCORES_SCHEMA_VERSION as STRAGGLER_SCORES_SCHEMA_VERSION,
-    )
-    from nvrx.ft._straggler_scores import RankStragglerScores as RankStragglerScores
-    from nvrx.ft._straggler_scores import StragglerReportLike as StragglerReportLike
-    from nvrx.ft._straggler_scores import StragglerScores as StragglerScores
-    from nvrx.ft._straggler_scores import flush_straggler_reports as flush_straggler_reports
-    from nvrx.ft._straggler_scores import publish_straggler_report as publish_straggler_report
-    from nvrx.ft._straggler_scores import read_straggler_scores as read_straggler_scores
-    from nvrx.ft._straggler_scores import (
-        straggler_scores_schema_path as straggler_scores_schema_path,
-    )
-    from nvrx.ft._straggler_scores import write_straggler_scores as write_straggler_scores
     from nvrx.ft.client import RankMonitorClient as RankMonitorClient
     from nvrx.ft.client import RankMonitorClientError as RankMonitorClientError
     from nvrx.ft.config import CLI_NONE as CLI_NONE
@@ -81,7 +83,7 @@ if TYPE_CHECKING:
 #: static tools (``from m import X as X`` re-exports X); tests/test_facade.py checks
 #: that they agree with it, and that each module's ``__all__`` has its names.
 _PUBLIC: dict[str, tuple[str, ...]] = {
-    "_cycle_info": (
+    "_formats.cycle_info": (
         "CYCLE_INFO_ENV",
         "CYCLE_INFO_SCHEMA_VERSION",
         "CycleGoodput",
@@ -104,7 +106,7 @@ _PUBLIC: dict[str, tuple[str, ...]] = {
         "parse_timeouts_state",
         "read_timeouts_state_file",
     ),
-    "_straggler_scores": (
+    "_formats.straggler_scores": (
         "STRAGGLER_SCORES_ENV",
         "STRAGGLER_SCORES_SCHEMA_VERSION",
         "RankStragglerScores",
