@@ -34,7 +34,7 @@ from nvrx.ft import (
     publish_straggler_report,
     read_straggler_scores,
 )
-from nvrx.ft._straggler_scores import MAX_STRAGGLER_SCORES_RANKS
+from nvrx.ft._formats.straggler_scores import MAX_STRAGGLER_SCORES_RANKS
 from nvrx.launcher._straggler_feed import StragglerFeed
 
 AREA = "straggler_scores"

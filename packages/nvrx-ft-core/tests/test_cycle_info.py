@@ -28,7 +28,7 @@ from nvrx.ft import (
     read_cycle_info,
     write_cycle_info,
 )
-from nvrx.ft._cycle_info import MAX_CYCLE_INFO_BYTES
+from nvrx.ft._formats.cycle_info import MAX_CYCLE_INFO_BYTES
 
 LOGGER = "nvrx.ft.cycle_info"
 
@@ -350,7 +350,9 @@ def test_write_refuses_a_non_cycle_info(tmp_path: pathlib.Path) -> None:
 
 def test_schema_file_ships_inside_the_package() -> None:
     path = cycle_info_schema_path()
-    assert path.parent == pathlib.Path(nvrx.ft.__file__).parent
+    # Beside the format's module, with the other shared formats.
+    assert path.parent == pathlib.Path(nvrx.ft.__file__).parent / "_formats"
+    assert path.name == "cycle_info.schema.json"
     schema = json.loads(path.read_text())
     assert schema["properties"]["schema_version"] == {"const": CYCLE_INFO_SCHEMA_VERSION}
     assert set(schema["required"]) == set(_good())

@@ -1,9 +1,10 @@
-"""The lazy façade of ``nvrx.ft``: its three lists agree, and each name is its module's.
+"""The lazy façade of ``nvrx.ft``: one table of public names, and static tools agree.
 
-``__all__`` (the public names), ``_WHERE`` (each name's module, for the lazy import)
-and the ``TYPE_CHECKING`` imports (for static tools) are written by hand; this test is
-what keeps them one list: the same names in all three, every name exported by its
-module's own ``__all__``, and every one importable.
+``_PUBLIC`` (each public name under the module that defines it) is the one list: the
+façade builds ``__all__`` and its lazy imports from it. The ``TYPE_CHECKING`` imports
+(``from m import X as X``) say the same for static tools; this test keeps them equal to
+the table, checks every name is in its module's own ``__all__`` and importable, and that
+importing the façade imports none of those modules.
 """
 
 from __future__ import annotations
@@ -11,12 +12,14 @@ from __future__ import annotations
 import ast
 import importlib
 import pathlib
+import subprocess
+import sys
 
 import nvrx.ft as ft
 
 
 def _type_checking_imports() -> dict[str, str]:
-    """Public name -> module of the façade's ``if TYPE_CHECKING:`` imports."""
+    """Public name -> module of the façade's ``if TYPE_CHECKING:`` imports (all ``X as X``)."""
     tree = ast.parse(pathlib.Path(ft.__file__).read_text(encoding="utf-8"))
     found: dict[str, str] = {}
     for node in tree.body:
@@ -24,19 +27,30 @@ def _type_checking_imports() -> dict[str, str]:
             for stmt in node.body:
                 if isinstance(stmt, ast.ImportFrom) and stmt.module:
                     for alias in stmt.names:
-                        found[alias.asname or alias.name] = stmt.module.removeprefix("nvrx.ft.")
+                        assert alias.asname == alias.name, alias.name  # a re-export
+                        found[alias.name] = stmt.module.removeprefix("nvrx.ft.")
     return found
 
 
-def test_all_where_and_the_type_checking_imports_name_the_same_things() -> None:
-    public = set(ft.__all__) - {"__version__"}
-    assert set(ft._WHERE) == public
-    assert _type_checking_imports() == ft._WHERE
+def test_all_and_the_type_checking_imports_are_the_table() -> None:
+    table = {name: module for module, names in ft._PUBLIC.items() for name in names}
+    assert len(table) == sum(len(names) for names in ft._PUBLIC.values())  # no name twice
+    assert set(ft.__all__) == {*table, "__version__"}
+    assert table == ft._WHERE
+    assert _type_checking_imports() == table
 
 
 def test_every_name_is_exported_by_its_module_and_importable() -> None:
     for name, module_name in ft._WHERE.items():
         module = importlib.import_module(f"nvrx.ft.{module_name}")
-        attr = ft._RENAMED.get(name, name)
-        assert attr in getattr(module, "__all__", ()), (name, module_name)
-        assert getattr(ft, name) is getattr(module, attr)
+        assert name in getattr(module, "__all__", ()), (name, module_name)
+        assert getattr(ft, name) is getattr(module, name)
+
+
+def test_importing_the_facade_imports_none_of_its_modules() -> None:
+    code = (
+        "import sys, nvrx.ft\n"
+        "print(sorted(m for m in sys.modules if m.startswith('nvrx.ft.') or m == 'torch'))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

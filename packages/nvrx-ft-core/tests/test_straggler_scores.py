@@ -35,9 +35,9 @@ from nvrx.ft import (
     write_file_atomically,
     write_straggler_scores,
 )
-from nvrx.ft import _straggler_scores as module
+from nvrx.ft._formats import straggler_scores as module
+from nvrx.ft._formats.straggler_scores import MAX_STRAGGLER_SCORES_BYTES, MAX_STRAGGLER_SCORES_RANKS
 from nvrx.ft._json_files import check_file
-from nvrx.ft._straggler_scores import MAX_STRAGGLER_SCORES_BYTES, MAX_STRAGGLER_SCORES_RANKS
 
 NAN = math.nan
 
@@ -370,7 +370,8 @@ def test_publish_returns_while_the_disk_is_stuck_and_only_the_latest_report_wait
 
 _EXIT_RIGHT_AFTER_PUBLISH = """
 import sys, time, types
-from nvrx.ft import _straggler_scores as module, publish_straggler_report
+from nvrx.ft import publish_straggler_report
+from nvrx.ft._formats import straggler_scores as module
 real = module.write_file_atomically
 def slow(*args, **kwargs):
     time.sleep(0.5)  # a write the daemon thread has not finished when the script ends

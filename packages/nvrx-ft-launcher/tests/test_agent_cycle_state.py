@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from nvrx.ft import MonitorEvent
+from nvrx.ft._events import WorkloadRequest
 from nvrx.launcher._cycle_state import CycleState, RankPids
 
 
-def _request(action: str, rank: int) -> MonitorEvent:
-    return MonitorEvent(
-        "workload_control", rank, rank, 100 + rank, action=action, description=f"from {rank}"
+def _request(action: str, rank: int) -> WorkloadRequest:
+    return WorkloadRequest(
+        local_rank=rank, rank=rank, pid=100 + rank, action=action, description=f"from {rank}"
     )
 
 

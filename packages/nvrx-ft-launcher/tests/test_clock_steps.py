@@ -21,10 +21,9 @@ from typing import Any, cast
 
 import pytest
 from launcher_testkit import Launcher  # type: ignore[import-not-found]
-from torch.distributed.elastic.multiprocessing.api import SubprocessContext
 
-from nvrx.ft import MonitorEvent
-from nvrx.launcher import ExitCode, _agent
+from nvrx.ft._events import RankTerminated
+from nvrx.launcher import ExitCode, _hang_wait
 from nvrx.launcher._cycle_state import CycleState
 
 pytestmark = pytest.mark.timeout(60)
@@ -70,34 +69,32 @@ def test_hang_evidence_wait_ends_on_time_when_the_wall_clock_steps_back(
 ) -> None:
     clock = _SteppedClock()
     monkeypatch.setattr(
-        _agent, "time", types.SimpleNamespace(monotonic=clock.monotonic, time=clock.time)
+        _hang_wait, "time", types.SimpleNamespace(monotonic=clock.monotonic, time=clock.time)
     )
-    agent = object.__new__(_agent.FtAgent)
     cycle = CycleState(number=0, started=clock.time(), progress=None)
-    report = MonitorEvent(
-        event="rank_terminated", local_rank=0, rank=0, pid=1, cause="heartbeat_timeout"
+    report = RankTerminated(
+        local_rank=0, rank=0, pid=1, cause="heartbeat_timeout", message="no heartbeat"
     )
     cycle.terminated[0] = report
     cycle.first_report = clock.time()
     cycle.first_report_mono = clock.monotonic()
-    agent._cycle = cycle
     culprit = subprocess.Popen([sys.executable, "-c", "pass"])
     culprit.wait(timeout=30)  # the reported rank exited on its monitor's signal
-    pc = object.__new__(SubprocessContext)
-    pc.subprocess_handlers = {
+    handlers = {
         0: cast(Any, types.SimpleNamespace(proc=culprit)),
         1: cast(Any, types.SimpleNamespace(proc=silent_rank)),
     }
-    agent._pcontext = pc
-    agent._wait = clock.wait  # type: ignore[method-assign]
-    agent._monitors = cast(Any, types.SimpleNamespace(drain_events=lambda: []))
-    agent._handle_events = lambda events, noticed: None  # type: ignore[method-assign]
+    drained: list[int] = []
 
-    assert agent._await_hang_evidence() is True
+    waited_for = _hang_wait.await_hang_evidence(
+        cycle, handlers, wait=clock.wait, drain=lambda: drained.append(clock.waits)
+    )
+    assert waited_for is True
     waited = clock.monotonic() - cycle.first_report_mono
     # It waited its bound, not the bound plus the hour the wall clock went back.
-    assert waited == pytest.approx(_agent._HANG_EVIDENCE_WAIT_S, abs=0.1)
-    assert clock.waits <= _agent._HANG_EVIDENCE_WAIT_S / 0.05 + 2
+    assert waited == pytest.approx(_hang_wait.HANG_EVIDENCE_WAIT_S, abs=0.1)
+    assert clock.waits <= _hang_wait.HANG_EVIDENCE_WAIT_S / 0.05 + 2
+    assert drained == list(range(1, clock.waits + 1))  # the events taken in after each wait
     assert silent_rank.poll() is None
 
 

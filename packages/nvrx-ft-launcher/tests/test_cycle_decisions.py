@@ -2,17 +2,24 @@
 
 from __future__ import annotations
 
-from nvrx.ft import MonitorEvent
+import pytest
+
+from nvrx.ft._events import WorkloadRequest
 from nvrx.launcher._coordination import Action, Decision, JobState, StopCause
-from nvrx.launcher._cycle_decisions import decision_taken, request_trigger, restart_line
+from nvrx.launcher._cycle_decisions import (
+    decision_taken,
+    end_trigger,
+    request_trigger,
+    restart_line,
+)
+from nvrx.launcher._cycle_end import End
 from nvrx.launcher._cycle_state import CycleState
 from nvrx.launcher._policy import Trigger
 from nvrx.launcher.exit_codes import ExitCode
 
 
-def _request(action: str, rank: int) -> MonitorEvent:
-    return MonitorEvent(
-        event="workload_control",
+def _request(action: str, rank: int) -> WorkloadRequest:
+    return WorkloadRequest(
         local_rank=0,
         rank=rank,
         pid=10 + rank,
@@ -36,6 +43,28 @@ def test_a_shutdown_request_wins_over_an_exclusion_and_no_request_is_none() -> N
         "rank 3 on node n requested ShutdownWorkload: why",
         False,
     )
+
+
+def test_each_end_this_node_decides_alone_has_its_trigger_reason_and_leaving() -> None:
+    cycle = CycleState(number=2, started=0.0, progress=None)
+    assert end_trigger(End.NODES_WAITING, cycle, "n") == (
+        Trigger.NODES_WAITING,
+        "new nodes are waiting to join",
+        False,
+    )
+    trigger, reason, leaves = end_trigger(End.UNINTERRUPTIBLE, cycle, "n")
+    assert (trigger, leaves) == (Trigger.EXCLUDE_REQUEST, True)
+    assert "node n stayed in uninterruptible sleep (D-state)" in reason
+    with pytest.raises(ValueError, match="without a rank's request"):
+        end_trigger(End.SHUTDOWN_REQUEST, cycle, "n")
+    cycle.note_request(_request("ExcludeThisNode", 1))
+    assert end_trigger(End.EXCLUDE_REQUEST, cycle, "n") == request_trigger(cycle, "n")
+    # A request of either kind is decided as the winning request (shutdown first).
+    cycle.note_request(_request("ShutdownWorkload", 3))
+    assert end_trigger(End.EXCLUDE_REQUEST, cycle, "n")[0] is Trigger.SHUTDOWN_REQUEST
+    for end in (End.FOLLOW, End.FAILURE, End.SUCCESS):
+        with pytest.raises(ValueError, match="no trigger of its own"):
+            end_trigger(end, cycle, "n")
 
 
 def test_the_journal_record_of_a_restart_a_stop_and_an_exclusion() -> None:

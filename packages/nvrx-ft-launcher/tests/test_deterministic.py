@@ -15,6 +15,7 @@ from nvrx.launcher._coordination import Action, JobState, StopCause
 from nvrx.launcher._deterministic import (
     FailureSignature,
     RankOutcome,
+    RepeatWatch,
     cycle_signature,
     is_infrastructure_error,
     parse_traceback,
@@ -113,6 +114,20 @@ def test_two_cycles_repeat_on_the_same_type_and_line_whatever_the_rank() -> None
     assert not repeats(first, other_line)
     assert not repeats(None, second)
     assert not repeats(first, None)
+
+
+def test_the_repeat_watch_names_a_repeat_and_forgets_a_cycle_that_does_not_count() -> None:
+    watch = RepeatWatch()
+    assert watch.repeated_error([_outcome(rank=1)], first_step_seen=False) is None
+    repeated = watch.repeated_error([_outcome(rank=0)], first_step_seen=False)
+    assert repeated is not None
+    assert "FileNotFoundError" in repeated
+    # A cycle past its first step is no repeat, and the one after it starts over.
+    assert watch.repeated_error([_outcome(rank=0)], first_step_seen=True) is None
+    assert watch.repeated_error([_outcome(rank=0)], first_step_seen=False) is None
+    watch.forget()  # e.g. a dead monitor ended the cycle in between
+    assert watch.repeated_error([_outcome(rank=0)], first_step_seen=False) is None
+    assert watch.repeated_error([_outcome(rank=0)], first_step_seen=False) is not None
 
 
 POLICY = RestartPolicy(

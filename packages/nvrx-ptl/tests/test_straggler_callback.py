@@ -22,7 +22,7 @@ from nvrx.ft import (
     publish_straggler_report,
     read_straggler_scores,
 )
-from nvrx.ft import _straggler_scores as straggler_scores_module
+from nvrx.ft._formats import straggler_scores as straggler_scores_module
 from nvrx.ptl import StragglerDetectionCallback
 from nvrx.ptl import straggler_detection_callback as callback_module
 from nvrx.ptl.straggler_scores import format_rank_scores, score_summary

@@ -11,186 +11,144 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from nvrx.ft._cycle_info import (
-        CYCLE_INFO_ENV,
-        CYCLE_INFO_SCHEMA_VERSION,
-        CycleGoodput,
-        CycleInfo,
-        CycleNode,
-        cycle_info_schema_path,
-        read_cycle_info,
-        write_cycle_info,
+    from nvrx.ft._events import MAX_EVENT_BYTES as MAX_EVENT_BYTES
+    from nvrx.ft._events import MonitorEvent as MonitorEvent
+    from nvrx.ft._events import parse_monitor_event as parse_monitor_event
+    from nvrx.ft._files import write_file_atomically as write_file_atomically
+    from nvrx.ft._formats.cycle_info import CYCLE_INFO_ENV as CYCLE_INFO_ENV
+    from nvrx.ft._formats.cycle_info import CYCLE_INFO_SCHEMA_VERSION as CYCLE_INFO_SCHEMA_VERSION
+    from nvrx.ft._formats.cycle_info import CycleGoodput as CycleGoodput
+    from nvrx.ft._formats.cycle_info import CycleInfo as CycleInfo
+    from nvrx.ft._formats.cycle_info import CycleNode as CycleNode
+    from nvrx.ft._formats.cycle_info import cycle_info_schema_path as cycle_info_schema_path
+    from nvrx.ft._formats.cycle_info import read_cycle_info as read_cycle_info
+    from nvrx.ft._formats.cycle_info import write_cycle_info as write_cycle_info
+    from nvrx.ft._formats.straggler_scores import STRAGGLER_SCORES_ENV as STRAGGLER_SCORES_ENV
+    from nvrx.ft._formats.straggler_scores import (
+        STRAGGLER_SCORES_SCHEMA_VERSION as STRAGGLER_SCORES_SCHEMA_VERSION,
     )
-    from nvrx.ft._events import MAX_EVENT_BYTES, MonitorEvent, parse_monitor_event
-    from nvrx.ft._files import write_file_atomically
-    from nvrx.ft._health import HealthError
-    from nvrx.ft._liveness import beat_age as monitor_beat_age
-    from nvrx.ft._logs import log_formatter
-    from nvrx.ft._runtime import create_runtime_dir
-    from nvrx.ft._stacks import StackSummary
-    from nvrx.ft._state import (
-        FtStateError,
-        LoadedTimeouts,
-        parse_timeouts_state,
-        read_timeouts_state_file,
+    from nvrx.ft._formats.straggler_scores import RankStragglerScores as RankStragglerScores
+    from nvrx.ft._formats.straggler_scores import StragglerReportLike as StragglerReportLike
+    from nvrx.ft._formats.straggler_scores import StragglerScores as StragglerScores
+    from nvrx.ft._formats.straggler_scores import flush_straggler_reports as flush_straggler_reports
+    from nvrx.ft._formats.straggler_scores import (
+        publish_straggler_report as publish_straggler_report,
     )
-    from nvrx.ft._straggler_scores import (
-        STRAGGLER_SCORES_ENV,
-        STRAGGLER_SCORES_SCHEMA_VERSION,
-        RankStragglerScores,
-        StragglerReportLike,
-        StragglerScores,
-        flush_straggler_reports,
-        publish_straggler_report,
-        read_straggler_scores,
-        straggler_scores_schema_path,
-        write_straggler_scores,
+    from nvrx.ft._formats.straggler_scores import read_straggler_scores as read_straggler_scores
+    from nvrx.ft._formats.straggler_scores import (
+        straggler_scores_schema_path as straggler_scores_schema_path,
     )
-    from nvrx.ft.client import RankMonitorClient, RankMonitorClientError
-    from nvrx.ft.config import (
-        CLI_NONE,
-        FaultToleranceConfig,
-        FieldSpec,
-        add_config_arguments,
-        add_ft_arguments,
-    )
-    from nvrx.ft.data import (
-        MAX_DURATION_S,
-        MONITOR_SOCKET_ENV,
-        HeartbeatTimeouts,
-        SectionAction,
-        SectionTimeouts,
-        WorkloadAction,
-        WorkloadControlRequest,
-        monitor_socket_from_env,
-    )
+    from nvrx.ft._formats.straggler_scores import write_straggler_scores as write_straggler_scores
+    from nvrx.ft._health import HealthError as HealthError
+    from nvrx.ft._liveness import monitor_beat_age as monitor_beat_age
+    from nvrx.ft._logs import log_formatter as log_formatter
+    from nvrx.ft._runtime import create_runtime_dir as create_runtime_dir
+    from nvrx.ft._stacks import StackSummary as StackSummary
+    from nvrx.ft._state import FtStateError as FtStateError
+    from nvrx.ft._state import LoadedTimeouts as LoadedTimeouts
+    from nvrx.ft._state import parse_timeouts_state as parse_timeouts_state
+    from nvrx.ft._state import read_timeouts_state_file as read_timeouts_state_file
+    from nvrx.ft.client import RankMonitorClient as RankMonitorClient
+    from nvrx.ft.client import RankMonitorClientError as RankMonitorClientError
+    from nvrx.ft.config import CLI_NONE as CLI_NONE
+    from nvrx.ft.config import FaultToleranceConfig as FaultToleranceConfig
+    from nvrx.ft.config import FieldSpec as FieldSpec
+    from nvrx.ft.config import add_config_arguments as add_config_arguments
+    from nvrx.ft.config import add_ft_arguments as add_ft_arguments
+    from nvrx.ft.data import MAX_DURATION_S as MAX_DURATION_S
+    from nvrx.ft.data import MONITOR_SOCKET_ENV as MONITOR_SOCKET_ENV
+    from nvrx.ft.data import HeartbeatTimeouts as HeartbeatTimeouts
+    from nvrx.ft.data import SectionAction as SectionAction
+    from nvrx.ft.data import SectionTimeouts as SectionTimeouts
+    from nvrx.ft.data import WorkloadAction as WorkloadAction
+    from nvrx.ft.data import WorkloadControlRequest as WorkloadControlRequest
+    from nvrx.ft.data import monitor_socket_from_env as monitor_socket_from_env
     from nvrx.ft.rank_monitor_state_machine import (
-        InvalidStateTransitionException,
-        RankMonitorState,
-        RankMonitorStateMachine,
+        InvalidStateTransitionException as InvalidStateTransitionException,
     )
-    from nvrx.ft.server import RANK_MONITOR_INIT_TIMEOUT, MonitorProcess, RankMonitorServer
-    from nvrx.ft.timeouts_calc import TimeoutsCalc, TimeoutsCalcError
+    from nvrx.ft.rank_monitor_state_machine import RankMonitorState as RankMonitorState
+    from nvrx.ft.rank_monitor_state_machine import (
+        RankMonitorStateMachine as RankMonitorStateMachine,
+    )
+    from nvrx.ft.server import RANK_MONITOR_INIT_TIMEOUT as RANK_MONITOR_INIT_TIMEOUT
+    from nvrx.ft.server import MonitorProcess as MonitorProcess
+    from nvrx.ft.server import RankMonitorServer as RankMonitorServer
+    from nvrx.ft.timeouts_calc import TimeoutsCalc as TimeoutsCalc
+    from nvrx.ft.timeouts_calc import TimeoutsCalcError as TimeoutsCalcError
 
     __version__: str
 
-_WHERE = {
-    "RankMonitorClient": "client",
-    "RankMonitorClientError": "client",
-    "CLI_NONE": "config",
-    "FaultToleranceConfig": "config",
-    "FieldSpec": "config",
-    "add_config_arguments": "config",
-    "add_ft_arguments": "config",
-    "MAX_DURATION_S": "data",
-    "MONITOR_SOCKET_ENV": "data",
-    "HeartbeatTimeouts": "data",
-    "SectionTimeouts": "data",
-    "WorkloadAction": "data",
-    "WorkloadControlRequest": "data",
-    "monitor_socket_from_env": "data",
-    "CYCLE_INFO_ENV": "_cycle_info",
-    "CYCLE_INFO_SCHEMA_VERSION": "_cycle_info",
-    "CycleGoodput": "_cycle_info",
-    "CycleInfo": "_cycle_info",
-    "CycleNode": "_cycle_info",
-    "cycle_info_schema_path": "_cycle_info",
-    "read_cycle_info": "_cycle_info",
-    "write_cycle_info": "_cycle_info",
-    "MAX_EVENT_BYTES": "_events",
-    "MonitorEvent": "_events",
-    "parse_monitor_event": "_events",
-    "write_file_atomically": "_files",
-    "log_formatter": "_logs",
-    "HealthError": "_health",
-    "create_runtime_dir": "_runtime",
-    "monitor_beat_age": "_liveness",
-    "RANK_MONITOR_INIT_TIMEOUT": "server",
-    "MonitorProcess": "server",
-    "RankMonitorServer": "server",
-    "StackSummary": "_stacks",
-    "FtStateError": "_state",
-    "LoadedTimeouts": "_state",
-    "parse_timeouts_state": "_state",
-    "read_timeouts_state_file": "_state",
-    "SectionAction": "data",
-    "STRAGGLER_SCORES_ENV": "_straggler_scores",
-    "STRAGGLER_SCORES_SCHEMA_VERSION": "_straggler_scores",
-    "RankStragglerScores": "_straggler_scores",
-    "StragglerReportLike": "_straggler_scores",
-    "StragglerScores": "_straggler_scores",
-    "flush_straggler_reports": "_straggler_scores",
-    "publish_straggler_report": "_straggler_scores",
-    "read_straggler_scores": "_straggler_scores",
-    "straggler_scores_schema_path": "_straggler_scores",
-    "write_straggler_scores": "_straggler_scores",
-    "TimeoutsCalc": "timeouts_calc",
-    "TimeoutsCalcError": "timeouts_calc",
-    "InvalidStateTransitionException": "rank_monitor_state_machine",
-    "RankMonitorState": "rank_monitor_state_machine",
-    "RankMonitorStateMachine": "rank_monitor_state_machine",
+#: The public names, by the module that defines each: the one list. ``__all__`` and the
+#: lazy imports are built from it; the ``TYPE_CHECKING`` imports above say the same for
+#: static tools (``from m import X as X`` re-exports X); tests/test_facade.py checks
+#: that they agree with it, and that each module's ``__all__`` has its names.
+_PUBLIC: dict[str, tuple[str, ...]] = {
+    "_formats.cycle_info": (
+        "CYCLE_INFO_ENV",
+        "CYCLE_INFO_SCHEMA_VERSION",
+        "CycleGoodput",
+        "CycleInfo",
+        "CycleNode",
+        "cycle_info_schema_path",
+        "read_cycle_info",
+        "write_cycle_info",
+    ),
+    "_events": ("MAX_EVENT_BYTES", "MonitorEvent", "parse_monitor_event"),
+    "_files": ("write_file_atomically",),
+    "_health": ("HealthError",),
+    "_liveness": ("monitor_beat_age",),
+    "_logs": ("log_formatter",),
+    "_runtime": ("create_runtime_dir",),
+    "_stacks": ("StackSummary",),
+    "_state": (
+        "FtStateError",
+        "LoadedTimeouts",
+        "parse_timeouts_state",
+        "read_timeouts_state_file",
+    ),
+    "_formats.straggler_scores": (
+        "STRAGGLER_SCORES_ENV",
+        "STRAGGLER_SCORES_SCHEMA_VERSION",
+        "RankStragglerScores",
+        "StragglerReportLike",
+        "StragglerScores",
+        "flush_straggler_reports",
+        "publish_straggler_report",
+        "read_straggler_scores",
+        "straggler_scores_schema_path",
+        "write_straggler_scores",
+    ),
+    "client": ("RankMonitorClient", "RankMonitorClientError"),
+    "config": (
+        "CLI_NONE",
+        "FaultToleranceConfig",
+        "FieldSpec",
+        "add_config_arguments",
+        "add_ft_arguments",
+    ),
+    "data": (
+        "MAX_DURATION_S",
+        "MONITOR_SOCKET_ENV",
+        "HeartbeatTimeouts",
+        "SectionAction",
+        "SectionTimeouts",
+        "WorkloadAction",
+        "WorkloadControlRequest",
+        "monitor_socket_from_env",
+    ),
+    "rank_monitor_state_machine": (
+        "InvalidStateTransitionException",
+        "RankMonitorState",
+        "RankMonitorStateMachine",
+    ),
+    "server": ("RANK_MONITOR_INIT_TIMEOUT", "MonitorProcess", "RankMonitorServer"),
+    "timeouts_calc": ("TimeoutsCalc", "TimeoutsCalcError"),
 }
 
-#: Public names that differ from the name in their module.
-_RENAMED = {"monitor_beat_age": "beat_age"}
+#: Each public name's module, for :func:`__getattr__`.
+_WHERE = {name: module for module, names in _PUBLIC.items() for name in names}
 
-__all__ = [
-    "CLI_NONE",
-    "CYCLE_INFO_ENV",
-    "CYCLE_INFO_SCHEMA_VERSION",
-    "MAX_DURATION_S",
-    "MAX_EVENT_BYTES",
-    "MONITOR_SOCKET_ENV",
-    "RANK_MONITOR_INIT_TIMEOUT",
-    "STRAGGLER_SCORES_ENV",
-    "STRAGGLER_SCORES_SCHEMA_VERSION",
-    "CycleGoodput",
-    "CycleInfo",
-    "CycleNode",
-    "FaultToleranceConfig",
-    "FieldSpec",
-    "FtStateError",
-    "HealthError",
-    "HeartbeatTimeouts",
-    "InvalidStateTransitionException",
-    "LoadedTimeouts",
-    "MonitorEvent",
-    "MonitorProcess",
-    "RankMonitorClient",
-    "RankMonitorClientError",
-    "RankMonitorServer",
-    "RankMonitorState",
-    "RankMonitorStateMachine",
-    "RankStragglerScores",
-    "SectionAction",
-    "SectionTimeouts",
-    "StackSummary",
-    "StragglerReportLike",
-    "StragglerScores",
-    "TimeoutsCalc",
-    "TimeoutsCalcError",
-    "WorkloadAction",
-    "WorkloadControlRequest",
-    "__version__",
-    "add_config_arguments",
-    "add_ft_arguments",
-    "create_runtime_dir",
-    "cycle_info_schema_path",
-    "flush_straggler_reports",
-    "log_formatter",
-    "monitor_beat_age",
-    "monitor_socket_from_env",
-    "parse_monitor_event",
-    "parse_timeouts_state",
-    "publish_straggler_report",
-    "read_cycle_info",
-    "read_straggler_scores",
-    "read_timeouts_state_file",
-    "straggler_scores_schema_path",
-    "write_cycle_info",
-    "write_file_atomically",
-    "write_straggler_scores",
-]
+__all__ = sorted([*_WHERE, "__version__"])
 
 
 def __getattr__(name: str) -> Any:
@@ -200,8 +158,7 @@ def __getattr__(name: str) -> Any:
 
         value: Any = version("nvrx-ft-core")
     elif name in _WHERE:
-        attr = _RENAMED.get(name, name)
-        value = getattr(importlib.import_module(f"nvrx.ft.{_WHERE[name]}"), attr)
+        value = getattr(importlib.import_module(f"nvrx.ft.{_WHERE[name]}"), name)
     else:
         raise AttributeError(f"module 'nvrx.ft' has no attribute {name!r}")
     globals()[name] = value

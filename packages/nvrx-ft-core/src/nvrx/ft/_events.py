@@ -1,8 +1,16 @@
 """Events a monitor sends to its launcher: one JSON object per Unix datagram.
 
-See ``docs/design/launcher-monitor-contract.md``. The launcher parses with
-:func:`parse_monitor_event`; the monitor sends with :class:`EventSender`, which never
-blocks and logs a failed send once.
+See ``docs/design/launcher-monitor-contract.md``. This module is the contract, written
+once for both sides: one type per kind of event (:class:`RankConnected`,
+:class:`RankDisconnected`, :class:`RankTerminated`, :class:`RankFirstStep`,
+:class:`WorkloadRequest`, each a :class:`RankEvent`), encoded by :func:`encode_event`
+and parsed, validated, once by :func:`parse_event`. The monitor sends with
+:class:`EventSender`, which never blocks and logs a failed send once; the launcher reads
+with :func:`parse_event` and dispatches on the type.
+
+:class:`MonitorEvent` and :func:`parse_monitor_event` are the public, flat view of the
+same datagrams (every kind's fields in one class, ``event`` naming the kind), for code
+outside nvrx that reads the stream; they encode and parse through the functions here.
 """
 
 from __future__ import annotations
@@ -13,7 +21,7 @@ import logging
 import math
 import os
 import socket
-from typing import Any
+from typing import Any, ClassVar
 
 from nvrx.ft._flight import CollectiveState
 from nvrx.ft._stacks import StackSummary
@@ -32,6 +40,14 @@ __all__ = [
     "WORKLOAD_CONTROL",
     "EventSender",
     "MonitorEvent",
+    "RankConnected",
+    "RankDisconnected",
+    "RankEvent",
+    "RankFirstStep",
+    "RankTerminated",
+    "WorkloadRequest",
+    "encode_event",
+    "parse_event",
     "parse_monitor_event",
 ]
 
@@ -71,13 +87,130 @@ MAX_WALL_S = float(2**33)
 _MAX_WALL = MAX_WALL_S
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RankEvent:
+    """What every monitor event says: which rank (local and global) and its pid.
+
+    ``EVENT`` is the kind's name on the wire (the datagram's ``event`` field).
+    """
+
+    EVENT: ClassVar[str] = ""
+    local_rank: int
+    rank: int
+    #: The rank's own pid (the monitor's socket peer).
+    pid: int
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RankConnected(RankEvent):
+    """The rank connected to its monitor (``init_workload_monitoring``)."""
+
+    EVENT: ClassVar[str] = RANK_CONNECTED
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RankDisconnected(RankEvent):
+    """The monitor stopped watching the rank (it shut monitoring down, or exited)."""
+
+    EVENT: ClassVar[str] = RANK_DISCONNECTED
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RankTerminated(RankEvent):
+    """The monitor found the rank hung (or unhealthy) and is terminating it.
+
+    The fields after ``message`` are the hang evidence (additive within v1; absent from
+    older monitors). Fields are in their wire order.
+    """
+
+    EVENT: ClassVar[str] = RANK_TERMINATED
+    #: One of :data:`EVENT_CAUSES`.
+    cause: str
+    section: str | None = None
+    observed_s: float | None = None
+    limit_s: float | None = None
+    message: str
+    #: seconds from the rank's last heartbeat or section open/close to the detection.
+    last_activity_s: float | None = None
+    #: the same moment as a wall-clock time (seconds since the epoch), comparable across nodes.
+    last_activity_wall: float | None = None
+    #: seconds from the rank's last heartbeat to the detection (None: it never sent one).
+    last_heartbeat_s: float | None = None
+    #: the sections open at detection.
+    open_sections: tuple[str, ...] | None = None
+    #: where the rank's training thread was, from its stack dump (None: no dump read).
+    stack: StackSummary | None = None
+    #: the rank's state letter in /proc/<pid>/stat just before the monitor signalled it:
+    #: "T" stopped (SIGSTOP: not waiting on anyone), "D" in uninterruptible I/O, "S"
+    #: sleeping (waiting, e.g. in a collective), "R" running. None: not read.
+    proc_state: str | None = None
+    #: the rank's latest collective in torch's flight recorder, read before the monitor
+    #: signalled it (None: not read, e.g. a stopped rank or no flight-recorder server).
+    collective: CollectiveState | None = None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RankFirstStep(RankEvent):
+    """The rank finished its first iteration after init (sent once per init)."""
+
+    EVENT: ClassVar[str] = RANK_FIRST_STEP
+    #: wall time (seconds since the epoch) the rank finished its first iteration.
+    step_wall: float
+    #: seconds from the rank's init_workload_monitoring to that moment.
+    since_init_s: float
+    #: what showed it: "heartbeat" (the first heartbeat) or "section" (the first ``step`` end).
+    via: str
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class WorkloadRequest(RankEvent):
+    """The rank asked its launcher to act (a ``WorkloadControlRequest``)."""
+
+    EVENT: ClassVar[str] = WORKLOAD_CONTROL
+    #: ``Continue``, ``ExcludeThisNode`` or ``ShutdownWorkload``.
+    action: str
+    description: str
+
+
+#: Each kind's type, by its wire name.
+_TYPES: dict[str, type[RankEvent]] = {
+    t.EVENT: t
+    for t in (RankConnected, RankDisconnected, RankTerminated, RankFirstStep, WorkloadRequest)
+}
+
+
+def encode_event(event: RankEvent) -> bytes:
+    """The datagram of ``event``: the common fields, then the kind's (``None`` left out).
+
+    ValueError when it would exceed :data:`MAX_EVENT_BYTES` or is not valid UTF-8.
+    """
+    body: dict[str, Any] = {
+        "event": event.EVENT,
+        "local_rank": event.local_rank,
+        "rank": event.rank,
+        "pid": event.pid,
+        "v": EVENT_VERSION,
+    }
+    body.update(
+        (key, value)
+        for key, value in dataclasses.asdict(event).items()
+        if key not in body and value is not None
+    )
+    data = json.dumps(body, separators=(",", ":"), allow_nan=False, ensure_ascii=False)
+    encoded = data.encode("utf-8")  # a lone surrogate is a UnicodeEncodeError (ValueError)
+    if len(encoded) > MAX_EVENT_BYTES:
+        raise ValueError(f"{event.EVENT} event of {len(encoded)} bytes exceeds {MAX_EVENT_BYTES}")
+    return encoded
+
+
 @dataclasses.dataclass(frozen=True)
 class MonitorEvent:
-    """One event from a rank monitor. Fields beyond the common five depend on ``event``.
+    """One event from a rank monitor, flat. Fields beyond the common five depend on ``event``.
 
     ``rank_first_step`` is sent once per rank init, when the rank finished its first
     iteration (``step_wall``, ``since_init_s``, ``via``); ``rank_terminated`` carries the
-    cause and the hang evidence.
+    cause and the hang evidence. The public view of the per-kind types (:meth:`of`,
+    :meth:`typed`); their fields are its fields of the same names.
     """
 
     event: str
@@ -118,16 +251,25 @@ class MonitorEvent:
     #: what showed it: "heartbeat" (the first heartbeat) or "section" (the first ``step`` end).
     via: str | None = None
 
+    @classmethod
+    def of(cls, event: RankEvent) -> MonitorEvent:
+        """The flat view of a typed event (every field by its name)."""
+        fields = {f.name: getattr(event, f.name) for f in dataclasses.fields(event)}
+        return cls(event=event.EVENT, **fields)
+
+    def typed(self) -> RankEvent:
+        """This event as its kind's type (fields of other kinds left out).
+
+        ValueError for an unknown ``event``.
+        """
+        kind = _TYPES.get(self.event)
+        if kind is None:
+            raise ValueError(f"unknown event {self.event!r}")
+        return kind(**{f.name: getattr(self, f.name) for f in dataclasses.fields(kind)})
+
     def to_bytes(self) -> bytes:
-        """The datagram for this event (``None`` fields left out)."""
-        body = {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
-        data = json.dumps(body, separators=(",", ":"), allow_nan=False, ensure_ascii=False)
-        encoded = data.encode("utf-8")  # a lone surrogate is a UnicodeEncodeError (ValueError)
-        if len(encoded) > MAX_EVENT_BYTES:
-            raise ValueError(
-                f"{self.event} event of {len(encoded)} bytes exceeds {MAX_EVENT_BYTES}"
-            )
-        return encoded
+        """The datagram for this event (:func:`encode_event` of :meth:`typed`)."""
+        return encode_event(self.typed())
 
 
 def _require(cond: bool, why: str) -> None:
@@ -135,15 +277,22 @@ def _require(cond: bool, why: str) -> None:
         raise ValueError(f"bad monitor event: {why}")
 
 
-def parse_monitor_event(data: bytes) -> MonitorEvent:
-    """Validate and parse one datagram; a ValueError says what is wrong with it."""
+def parse_event(data: bytes) -> RankEvent:
+    """Validate and parse one datagram into its kind's type; a ValueError says what is
+    wrong with it."""
     try:
-        return _parse_monitor_event(data)
+        return _parse_event(data)
     except TypeError as exc:  # e.g. an unhashable value tested against a set of names
         raise ValueError(f"bad monitor event: {exc}") from None
 
 
-def _parse_monitor_event(data: bytes) -> MonitorEvent:
+def parse_monitor_event(data: bytes) -> MonitorEvent:
+    """Validate and parse one datagram (the flat view: :func:`parse_event`, then
+    :meth:`MonitorEvent.of`); a ValueError says what is wrong with it."""
+    return MonitorEvent.of(parse_event(data))
+
+
+def _parse_event(data: bytes) -> RankEvent:
     _require(len(data) <= MAX_EVENT_BYTES, f"{len(data)} bytes is too long")
     try:
         body = json.loads(data.decode("utf-8"))
@@ -156,6 +305,7 @@ def _parse_monitor_event(data: bytes) -> MonitorEvent:
     _require(body.get("v") == EVENT_VERSION, f"version {body.get('v')!r} is not {EVENT_VERSION}")
     kind = body.get("event")
     _require(kind in EVENT_KINDS, f"unknown event {kind!r}")
+    assert isinstance(kind, str)
     for key in ("local_rank", "rank", "pid"):
         value = body.get(key)
         _require(
@@ -209,7 +359,7 @@ def _parse_monitor_event(data: bytes) -> MonitorEvent:
         _require(isinstance(body.get("description"), str), "description is not a string")
     extra = sorted(set(body) - allowed)
     _require(not extra, f"unexpected fields {extra} for {kind}")
-    fields: dict[str, Any] = dict(body)
+    fields: dict[str, Any] = {k: v for k, v in body.items() if k not in ("v", "event")}
     for key in (*_NUMBERS, "step_wall", "since_init_s"):
         if fields.get(key) is not None:
             fields[key] = float(fields[key])
@@ -225,7 +375,7 @@ def _parse_monitor_event(data: bytes) -> MonitorEvent:
             fields["collective"] = CollectiveState.from_json(fields["collective"])
         except ValueError as exc:
             raise ValueError(f"bad monitor event: {exc}") from None
-    return MonitorEvent(**fields)
+    return _TYPES[kind](**fields)
 
 
 class EventSender:
@@ -245,18 +395,18 @@ class EventSender:
         """True when a launcher listens for events."""
         return self._sock is not None
 
-    def send(self, event: MonitorEvent) -> bool:
+    def send(self, event: RankEvent) -> bool:
         """Send one event; a failure is logged once and the event dropped."""
         if self._sock is None or self._path is None:
             return False
         try:
-            self._sock.sendto(event.to_bytes(), self._path)
+            self._sock.sendto(encode_event(event), self._path)
         except (OSError, ValueError) as exc:
             if not self._warned:
                 self._warned = True
                 self._logger.warning(
                     "could not send %s event to %s (%s); further failures are not logged",
-                    event.event,
+                    event.EVENT,
                     self._path,
                     exc,
                 )

@@ -16,7 +16,7 @@ import pathlib
 import struct
 import time
 
-__all__ = ["BEAT_PERIOD_S", "BeatWriter", "beat_age", "beat_path"]
+__all__ = ["BEAT_PERIOD_S", "BeatWriter", "beat_age", "beat_path", "monitor_beat_age"]
 
 #: A running monitor's loop stores a beat at least this often (seconds).
 BEAT_PERIOD_S = 0.25
@@ -81,3 +81,7 @@ def beat_age(socket_path: str | os.PathLike[str]) -> float | None:
     if last_ns <= 0:
         return None
     return max(0.0, (time.monotonic_ns() - last_ns) / 1e9)
+
+
+#: :func:`beat_age` under its public name, ``nvrx.ft.monitor_beat_age``.
+monitor_beat_age = beat_age

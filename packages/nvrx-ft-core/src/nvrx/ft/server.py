@@ -35,7 +35,15 @@ from nvrx.ft._detection import (
     find_violation,
     next_deadline_ns,
 )
-from nvrx.ft._events import EventSender, MonitorEvent
+from nvrx.ft._events import (
+    EventSender,
+    RankConnected,
+    RankDisconnected,
+    RankFirstStep,
+    RankTerminated,
+    WorkloadRequest,
+    encode_event,
+)
 from nvrx.ft._flight import TraceFetch
 from nvrx.ft._health import HealthChecks, HealthError
 from nvrx.ft._liveness import BeatWriter, beat_age, beat_path
@@ -126,7 +134,7 @@ class _Watched:
     first_step_sent: bool = False
 
 
-def _hang_evidence(event: MonitorEvent, snap: RankSnapshot, init_ns: int) -> MonitorEvent:
+def _hang_evidence(event: RankTerminated, snap: RankSnapshot, init_ns: int) -> RankTerminated:
     """The event with the rank's last activity: heartbeat, section open or close."""
     now_ns, now_wall = time.monotonic_ns(), time.time()  # wall clock: label
     opened = [t for _, t in snap.open_sections]
@@ -390,8 +398,7 @@ class RankMonitorServer:
         watched.first_step_sent = True
         age_s = max(now - at_ns, 0) / _NS
         self._events.send(
-            MonitorEvent(
-                event="rank_first_step",
+            RankFirstStep(
                 local_rank=self.local_rank,
                 rank=watched.rank,
                 pid=watched.proc.pid,
@@ -422,8 +429,7 @@ class RankMonitorServer:
             "terminating rank %d (pid %d): %s", watched.rank, watched.proc.pid, message
         )
         event = _hang_evidence(
-            MonitorEvent(
-                event="rank_terminated",
+            RankTerminated(
                 local_rank=self.local_rank,
                 rank=watched.rank,
                 pid=watched.proc.pid,
@@ -710,7 +716,7 @@ class RankMonitorServer:
             message["host"],
             self._describe(watched.timeouts),
         )
-        self._event("rank_connected", watched)
+        self._event(RankConnected, watched)
 
     def _on_set_timeouts(self, conn: _Conn, message: dict[str, Any]) -> None:
         watched = self._watched
@@ -751,8 +757,7 @@ class RankMonitorServer:
         )
         if not self._events.enabled:
             raise ProtocolError("no launcher is listening for workload control requests")
-        event = MonitorEvent(
-            event="workload_control",
+        event = WorkloadRequest(
             local_rank=self.local_rank,
             rank=rank,
             pid=conn.pid,
@@ -760,7 +765,7 @@ class RankMonitorServer:
             description=message["description"],
         )
         try:
-            event.to_bytes()
+            encode_event(event)
         except ValueError as exc:
             raise ProtocolError(f"request too large for the launcher: {exc}") from None
         sent = self._events.send(event)
@@ -775,12 +780,8 @@ class RankMonitorServer:
 
     # ------------------------------------------------------------------ helpers
 
-    def _event(self, kind: str, watched: _Watched) -> None:
-        self._events.send(
-            MonitorEvent(
-                event=kind, local_rank=self.local_rank, rank=watched.rank, pid=watched.proc.pid
-            )
-        )
+    def _event(self, kind: type[RankConnected | RankDisconnected], watched: _Watched) -> None:
+        self._events.send(kind(local_rank=self.local_rank, rank=watched.rank, pid=watched.proc.pid))
 
     def _forget(self, why: str) -> None:
         watched = self._watched
@@ -795,7 +796,7 @@ class RankMonitorServer:
             )
         else:
             self.logger.info("stopped monitoring rank %d (%s)", watched.rank, why)
-        self._event("rank_disconnected", watched)
+        self._event(RankDisconnected, watched)
         with contextlib.suppress(KeyError, ValueError):
             self._sel.unregister(watched.proc.pidfd)
         self._release_watched(keep_proc=False)

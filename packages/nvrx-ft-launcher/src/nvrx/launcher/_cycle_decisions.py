@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ._coordination import Decision, JobState
+from ._cycle_end import End
 from ._cycle_state import CycleState
 from ._events import DecisionTaken
 from ._policy import Progress, RestartPolicy, Trigger, decide, leaves_job, trigger_of
@@ -38,6 +39,31 @@ def request_trigger(cycle: CycleState, node: str) -> tuple[Trigger, str, bool] |
         reason = f"rank {exclude.rank} asked to exclude node {node}: {exclude.description}"
         return Trigger.EXCLUDE_REQUEST, reason, True
     return None
+
+
+def end_trigger(end: End, cycle: CycleState, node: str) -> tuple[Trigger, str, bool]:
+    """The trigger, reason and whether this node leaves, for an ``end`` this node decides
+    on its own observation: a rank's request, torch's D-state check, nodes waiting.
+
+    A ``FAILURE`` (its reason names the failed ranks), a ``SUCCESS`` (the exit barrier)
+    and ``FOLLOW`` (the decision exists) are the agent's, not here: ValueError.
+    """
+    if end in (End.SHUTDOWN_REQUEST, End.EXCLUDE_REQUEST):
+        request = request_trigger(cycle, node)
+        if request is None:
+            raise ValueError(f"{end.value} without a rank's request")
+        return request
+    if end is End.UNINTERRUPTIBLE:
+        # A wedged rank holds a kernel resource (GPU, NIC) a new rank on this node would
+        # conflict with, so this node leaves the job.
+        reason = (
+            f"a rank on node {node} stayed in uninterruptible sleep (D-state) "
+            "past TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT (torch's check)"
+        )
+        return Trigger.EXCLUDE_REQUEST, reason, True
+    if end is End.NODES_WAITING:
+        return Trigger.NODES_WAITING, "new nodes are waiting to join", False
+    raise ValueError(f"{end.value} has no trigger of its own")
 
 
 def decider(

@@ -11,7 +11,8 @@ import dataclasses
 import time
 from collections.abc import Iterable
 
-from nvrx.ft import MonitorEvent, WorkloadAction
+from nvrx.ft import WorkloadAction
+from nvrx.ft._events import RankFirstStep, RankTerminated, WorkloadRequest
 
 __all__: list[str] = []
 
@@ -24,7 +25,7 @@ class CycleState:
     started: float
     progress: int | None
     connected: set[int] = dataclasses.field(default_factory=set)
-    terminated: dict[int, MonitorEvent] = dataclasses.field(default_factory=dict)
+    terminated: dict[int, RankTerminated] = dataclasses.field(default_factory=dict)
     first_report: float | None = None
     #: Monotonic twins of ``started`` and ``first_report`` (those two label records;
     #: every wait and duration is measured on these, immune to wall-clock steps).
@@ -34,15 +35,15 @@ class CycleState:
     spares_started: bool = False
     #: The first ShutdownWorkload and ExcludeThisNode requests of the cycle, kept until
     #: a decision ends it (also those that arrive while waiting for hang evidence).
-    shutdown_request: MonitorEvent | None = None
-    exclude_request: MonitorEvent | None = None
+    shutdown_request: WorkloadRequest | None = None
+    exclude_request: WorkloadRequest | None = None
     #: Each local rank's ``rank_first_step`` event, and whether ``first_step`` was journalled.
-    first_steps: dict[int, MonitorEvent] = dataclasses.field(default_factory=dict)
+    first_steps: dict[int, RankFirstStep] = dataclasses.field(default_factory=dict)
     first_step_recorded: bool = False
     #: Pids of the ranks whose crash was already logged (the moment it was seen).
     crashes_named: set[int] = dataclasses.field(default_factory=set)
 
-    def note_request(self, event: MonitorEvent) -> None:
+    def note_request(self, event: WorkloadRequest) -> None:
         """Keep a workload control request (the first of each kind) for this cycle."""
         if event.action == WorkloadAction.ShutdownWorkload.name:
             self.shutdown_request = self.shutdown_request or event

@@ -19,7 +19,8 @@ What never counts, so a faulty node is still restarted or replaced:
 - a rank without a traceback the launcher can read (no ``@record`` error file and no
   redirected stderr).
 
-Nothing here reads a file or a clock; the agent passes what it gathered.
+Nothing here reads a file or a clock; the agent passes what it gathered, and keeps the
+last failed cycle's signature in a :class:`RepeatWatch`.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from collections.abc import Iterable
 __all__ = [
     "FailureSignature",
     "RankOutcome",
+    "RepeatWatch",
     "cycle_signature",
     "is_infrastructure_error",
     "parse_traceback",
@@ -184,3 +186,24 @@ def cycle_signature(
 def repeats(previous: FailureSignature | None, current: FailureSignature | None) -> bool:
     """True when two consecutive cycles failed with the same deterministic signature."""
     return previous is not None and current is not None and previous.key == current.key
+
+
+@dataclasses.dataclass
+class RepeatWatch:
+    """The last failed cycle's deterministic-looking signature, to tell a repeat."""
+
+    last: FailureSignature | None = None
+
+    def repeated_error(
+        self, outcomes: Iterable[RankOutcome], *, first_step_seen: bool
+    ) -> str | None:
+        """The one-line root cause when this cycle repeats the last one's deterministic
+        failure (before any rank's first step), else None; remembers this cycle's."""
+        signature = cycle_signature(outcomes, first_step_seen=first_step_seen)
+        repeated = repeats(self.last, signature)
+        self.last = signature
+        return signature.describe() if repeated and signature is not None else None
+
+    def forget(self) -> None:
+        """This cycle's failure is not deterministic-looking (e.g. a dead monitor)."""
+        self.last = None

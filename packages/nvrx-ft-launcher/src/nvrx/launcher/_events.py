@@ -17,6 +17,8 @@ import time
 from collections.abc import Callable
 from typing import Any, ClassVar, TypeVar
 
+from nvrx.ft._events import RankEvent
+
 from . import _event_names as names
 from .goodput import RestartCost
 from .journal import JsonLines
@@ -49,11 +51,12 @@ def _json_value(value: Any) -> Any:
     return value
 
 
-def from_monitor_event(kind: type[E], cycle: int, event: Any) -> E:
+def from_monitor_event(kind: type[E], cycle: int, event: RankEvent) -> E:
     """The journal event ``kind`` of a monitor's ``event`` in ``cycle``.
 
     Every field of ``kind`` but ``cycle`` is the monitor event's field of that name (its
-    JSON form), so a field added to both needs no copying by hand.
+    JSON form), so a field added to both needs no copying by hand
+    (``tests/test_monitor_events.py`` checks each such kind against its monitor type).
     """
     values = {
         field.name: _json_value(getattr(event, field.name))

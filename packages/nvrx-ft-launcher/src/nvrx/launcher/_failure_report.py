@@ -5,19 +5,20 @@ called by the agent when a cycle ends on a failure: each crashed rank named at o
 (:func:`name_crashes`), the failures described for the decision's reason
 (:func:`describe_failures`), each failed rank journalled with its root cause
 (:func:`journal_failures`), and a hang's culprit named from the monitors' evidence
-(:func:`attribute_hang`).
+(:func:`attribute_hang`); :func:`report_failures` does the last three in their order.
 """
 
 from __future__ import annotations
 
 import logging
 import signal
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup
 
 from nvrx.ft import MonitorEvent
+from nvrx.ft._events import RankTerminated
 
 from ._culprit import CulpritFinding, RankEvidence, find_culprit
 from ._cycle_state import CycleState
@@ -43,7 +44,7 @@ def _describe_exit(exitcode: int) -> str:
     return f"exited with code {exitcode}"
 
 
-def _describe_termination(event: MonitorEvent) -> str:
+def _describe_termination(event: RankTerminated) -> str:
     parts = [f"its monitor terminated it: {event.cause}"]
     if event.section:
         parts.append(f"section {event.section!r}")
@@ -54,7 +55,7 @@ def _describe_termination(event: MonitorEvent) -> str:
 
 def hang_evidence(cycle: CycleState) -> list[RankEvidence]:
     """The monitors' reports of the cycle's hung ranks, as the culprit rules read them."""
-    found = map(RankEvidence.from_event, cycle.terminated.values())
+    found = (RankEvidence.from_event(MonitorEvent.of(e)) for e in cycle.terminated.values())
     return [e for e in found if e is not None]
 
 
@@ -156,3 +157,23 @@ def journal_failures(
             )
         )
     return outcomes
+
+
+def report_failures(
+    cycle: CycleState,
+    result: RunResult,
+    wg: WorkerGroup,
+    stderrs: Mapping[int, Any],
+    recorder: Recorder,
+    *,
+    causes: Sequence[str] = (),
+) -> tuple[list[str], list[RankOutcome]]:
+    """A failed cycle's report: the hang attributed, each failed rank journalled.
+
+    Returns the decision's causes (the hang's culprit first, then ``causes``, then one
+    phrase per failed or terminated rank) and the failed ranks' outcomes.
+    """
+    finding = attribute_hang(cycle, wg, recorder)
+    hang = [] if finding is None else ["hang: " + finding.sentence]
+    described = [*hang, *causes, *describe_failures(cycle, result)]
+    return described, journal_failures(cycle, result, stderrs, recorder)

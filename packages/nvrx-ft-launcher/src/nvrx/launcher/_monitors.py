@@ -22,12 +22,11 @@ from nvrx.ft import (
     MAX_EVENT_BYTES,
     RANK_MONITOR_INIT_TIMEOUT,
     FaultToleranceConfig,
-    MonitorEvent,
     MonitorProcess,
     RankMonitorServer,
     create_runtime_dir,
-    parse_monitor_event,
 )
+from nvrx.ft._events import RankEvent, parse_event
 from nvrx.ft._runtime import release_runtime_dir
 
 __all__ = ["MonitorSupervisor"]
@@ -143,6 +142,16 @@ class MonitorSupervisor:
         proc.join(timeout=5.0)
         return True
 
+    def renew_dead(self) -> None:
+        """Start a fresh monitor for every one that died or stalled (logged), before a start."""
+        for local_rank, code in sorted(self.dead().items()):
+            logger.error(
+                "the monitor of local rank %d died (exit code %s); starting a new one",
+                local_rank,
+                code,
+            )
+            self.replace(local_rank)
+
     def replace(self, local_rank: int) -> None:
         """Start a fresh monitor for ``local_rank`` (the old one is gone)."""
         old = self._procs.get(local_rank)
@@ -154,16 +163,16 @@ class MonitorSupervisor:
         """Monitor pids by local rank."""
         return {local_rank: proc.pid for local_rank, proc in self._procs.items()}
 
-    def drain_events(self) -> list[MonitorEvent]:
+    def drain_events(self) -> list[RankEvent]:
         """Every event queued on the socket now; malformed ones are logged and dropped."""
-        events: list[MonitorEvent] = []
+        events: list[RankEvent] = []
         while True:
             try:
                 data = self._events.recv(MAX_EVENT_BYTES)
             except (BlockingIOError, InterruptedError):
                 return events
             try:
-                events.append(parse_monitor_event(data))
+                events.append(parse_event(data))
             except ValueError as exc:
                 logger.warning("ignoring a malformed monitor event: %s", exc)
 

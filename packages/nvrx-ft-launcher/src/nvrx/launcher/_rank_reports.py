@@ -12,15 +12,22 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
-import nvrx.ft._events as kinds
-from nvrx.ft import MonitorEvent
+from nvrx.ft._events import (
+    RankConnected,
+    RankDisconnected,
+    RankEvent,
+    RankFirstStep,
+    RankTerminated,
+    WorkloadRequest,
+)
 
 from ._cycle_state import CycleState, RankPids
 from ._events import (
     CheckpointRestored,
     FirstStep,
+    MonitorDied,
     ProgressMoved,
     RankTerminatedByMonitor,
     Recorder,
@@ -60,38 +67,56 @@ class RankReports:
         self._next_progress_check = 0.0
         self._last_progress: int | None = None
 
-    def handle(self, events: list[MonitorEvent], noticed: float) -> None:
+    def handle(self, events: list[RankEvent], noticed: float) -> None:
         """Act on the monitors' events; workload control requests are kept on the cycle."""
         for event in events:
             if self.rank_pids.is_stale(event.pid):
                 logger.debug(
-                    "dropped %s of an earlier cycle's rank (pid %d)", event.event, event.pid
+                    "dropped %s of an earlier cycle's rank (pid %d)", event.EVENT, event.pid
                 )
                 continue
             cycle = self._cycle_now()
-            if event.event == kinds.RANK_CONNECTED:
-                cycle.connected.add(event.local_rank)
-                logger.debug("rank %d (local %d) connected", event.rank, event.local_rank)
-            elif event.event == kinds.RANK_DISCONNECTED:
-                cycle.connected.discard(event.local_rank)
-            elif event.event == kinds.RANK_TERMINATED:
-                cycle.terminated[event.local_rank] = event
-                if cycle.first_report is None:
-                    cycle.first_report = noticed
-                    cycle.first_report_mono = time.monotonic()
-                self._recorder.record(
-                    from_monitor_event(RankTerminatedByMonitor, cycle.number, event)
-                )
-            elif event.event == kinds.RANK_FIRST_STEP:
-                self._note_first_step(event)
-            elif event.event == kinds.WORKLOAD_CONTROL:
-                self._recorder.record(from_monitor_event(WorkloadControl, cycle.number, event))
-                cycle.note_request(event)
+            match event:
+                case RankConnected():
+                    cycle.connected.add(event.local_rank)
+                    logger.debug("rank %d (local %d) connected", event.rank, event.local_rank)
+                case RankDisconnected():
+                    cycle.connected.discard(event.local_rank)
+                case RankTerminated():
+                    cycle.terminated[event.local_rank] = event
+                    if cycle.first_report is None:
+                        cycle.first_report = noticed
+                        cycle.first_report_mono = time.monotonic()
+                    self._recorder.record(
+                        from_monitor_event(RankTerminatedByMonitor, cycle.number, event)
+                    )
+                case RankFirstStep():
+                    self._note_first_step(event)
+                case WorkloadRequest():
+                    self._recorder.record(from_monitor_event(WorkloadControl, cycle.number, event))
+                    cycle.note_request(event)
 
-    def _note_first_step(self, event: MonitorEvent) -> None:
+    def monitors_died(self, dead: Mapping[int, int | None]) -> list[str]:
+        """Journal each dead monitor (local rank -> its exit code); the phrases of those
+        whose rank was connected, which went unwatched (they end the cycle)."""
+        cycle = self._cycle_now()
+        causes = []
+        for local_rank, code in sorted(dead.items()):
+            served = local_rank in cycle.connected
+            self._recorder.record(
+                MonitorDied(
+                    cycle=cycle.number,
+                    local_rank=local_rank,
+                    exit_code=code,
+                    rank_was_connected=served,
+                )
+            )
+            if served:
+                causes.append(f"the monitor of local rank {local_rank} died (exit code {code})")
+        return causes
+
+    def _note_first_step(self, event: RankFirstStep) -> None:
         """Journal the cycle's ``first_step`` once every local rank finished its first step."""
-        if event.step_wall is None:
-            return
         cycle = self._cycle_now()
         cycle.first_steps.setdefault(event.local_rank, event)
         local = self._local_world_size()
@@ -103,8 +128,8 @@ class RankReports:
         self._recorder.record(
             FirstStep(
                 cycle=cycle.number,
-                first_step=max(e.step_wall or 0.0 for e in steps),
-                since_init_s=max(e.since_init_s or 0.0 for e in steps),
+                first_step=max(e.step_wall for e in steps),
+                since_init_s=max(e.since_init_s for e in steps),
                 local_ranks=sorted(cycle.first_steps),
             )
         )

@@ -27,6 +27,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import IO, Any
 
@@ -35,6 +36,7 @@ from torch.distributed.elastic.multiprocessing.subprocess_handler import Subproc
 from nvrx.ft import MONITOR_SOCKET_ENV
 
 from . import _torch_compat as compat
+from ._cycle_state import CycleState
 from ._exec_shim import EXEC_SHIM, shimmed
 from ._worker_exec import parse_shim_argv
 
@@ -58,6 +60,8 @@ DEFAULT_PRELOAD: tuple[str, ...] = ("torch", "torch._dynamo")
 
 logger = logging.getLogger("nvrx.launcher")
 
+#: How long after a cycle's start its spares start even if not every rank is up.
+SPARES_AFTER_S = 10.0
 _SPARE_PROGRAM = str(pathlib.Path(__file__).with_name("_warm_spare.py"))
 #: Interpreter options a spare can be started with: they change nothing the rank's
 #: environment could disagree with later.
@@ -125,6 +129,21 @@ class SparePool:
     def command(self) -> PythonCommand:
         """The interpreter and flags every spare runs with."""
         return self._command
+
+    def fill_when_up(self, cycle: CycleState, local_world_size: int) -> None:
+        """Fill the pool once per cycle, once its ranks are up.
+
+        Warm spares start once every rank of the cycle connected to its monitor (its own
+        start-up is over, so they do not compete with it), or :data:`SPARES_AFTER_S`
+        after the cycle started regardless.
+        """
+        if cycle.spares_started:
+            return
+        up = len(cycle.connected) >= local_world_size
+        if up or time.monotonic() - cycle.started_mono >= SPARES_AFTER_S:
+            cycle.spares_started = True
+            started = self.fill()
+            logger.debug("warm spares started for local ranks %s", started)
 
     def fill(self) -> list[int]:
         """Start a spare for every local rank that has none; returns those local ranks."""

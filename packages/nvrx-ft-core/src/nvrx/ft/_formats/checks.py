@@ -1,7 +1,7 @@
 """The checks every file format shared by the launcher and the ranks applies to a field.
 
-The cycle-info file (:mod:`nvrx.ft._cycle_info`) and the straggler report file
-(:mod:`nvrx.ft._straggler_scores`) come from outside the process that reads them, so
+The cycle-info file (:mod:`.cycle_info`) and the straggler report file
+(:mod:`.straggler_scores`) come from outside the process that reads them, so
 each field's type and range is checked here, one way for both: a check returns the
 value or raises ValueError naming the field (``where``), the value (cut to 80
 characters) and why.

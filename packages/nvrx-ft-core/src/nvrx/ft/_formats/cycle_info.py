@@ -21,15 +21,15 @@ from collections.abc import Mapping
 from typing import Any
 
 from nvrx.ft._events import MAX_WALL_S as _MAX_WALL
-from nvrx.ft._file_checks import MAX_SPAN_S as _MAX_SPAN_S
-from nvrx.ft._file_checks import check_schema_version as _check_schema_version
-from nvrx.ft._file_checks import exact_object as _object
-from nvrx.ft._file_checks import fail as _fail
-from nvrx.ft._file_checks import integer as _int
-from nvrx.ft._file_checks import number as _number
-from nvrx.ft._file_checks import sequence as _sequence
-from nvrx.ft._file_checks import text as _text
 from nvrx.ft._files import write_file_atomically
+from nvrx.ft._formats.checks import MAX_SPAN_S as _MAX_SPAN_S
+from nvrx.ft._formats.checks import check_schema_version as _check_schema_version
+from nvrx.ft._formats.checks import exact_object as _object
+from nvrx.ft._formats.checks import fail as _fail
+from nvrx.ft._formats.checks import integer as _int
+from nvrx.ft._formats.checks import number as _number
+from nvrx.ft._formats.checks import sequence as _sequence
+from nvrx.ft._formats.checks import text as _text
 from nvrx.ft._json_files import read_json_file
 
 __all__ = [
