@@ -95,6 +95,7 @@ def test_an_invalid_record_is_replaced_and_logged(
             nonce = keepers().nonce(store, KEY, "job", 0)
         assert nonce not in (None, "0" * 32)
         assert "replacing the run nonce record" in caplog.text
+        assert f"ignoring the value under {name} in the rendezvous store" in caplog.text
         assert keepers().nonce(store, KEY, "job", 0) == nonce  # the valid one stays
         caplog.clear()
 

@@ -185,14 +185,8 @@ class NonceKeeper:
             else:
                 try:
                     theirs = _nonce(records.unseal(name, data))
-                except ValueError as exc:
-                    logger.warning(
-                        "replacing the run nonce record under %s in the rendezvous store: "
-                        "%s (value %r)",
-                        records.where(name),
-                        exc,
-                        data[:120],
-                    )
+                except ValueError as exc:  # logged once per value, as any rejected one
+                    records.reject(name, data, f"{exc}; replacing the run nonce record")
                     won = self._put(records, name, data, mine)
                 else:
                     answers = _signed(
