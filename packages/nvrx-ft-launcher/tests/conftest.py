@@ -61,3 +61,13 @@ def scripts_here(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> pat
         (tmp_path / name).touch()
     monkeypatch.chdir(tmp_path)
     return tmp_path
+
+
+@pytest.fixture(autouse=True)
+def _stop_nonce_answering() -> Iterator[None]:
+    """An in-process launcher (or JobCoordinator) with a job key leaves a thread that
+    answers its run nonce's challenges until the launcher ends; end it after the test."""
+    yield
+    from nvrx.launcher._run_nonce import stop_answering
+
+    stop_answering()

@@ -8,14 +8,22 @@ from __future__ import annotations
 import datetime
 import json
 import logging
+from collections.abc import Callable, Iterator
 
 import pytest
 from test_coordination import EtcdLikeStore, _restart  # type: ignore[import-not-found]
 from torch._C._distributed_c10d import PrefixStore, Store, TCPStore
 
+from nvrx.launcher import _nonce_liveness, _run_nonce
 from nvrx.launcher._coordination import Action, JobCoordinator, JobState
 from nvrx.launcher._group_rank import _align, _published
-from nvrx.launcher._run_nonce import run_nonce, scheduler_attempt, signed_run
+from nvrx.launcher._run_nonce import (
+    NonceKeeper,
+    run_nonce,
+    scheduler_attempt,
+    signed_run,
+    stop_answering,
+)
 from nvrx.launcher._scheduler_order import InfraKey
 from nvrx.launcher._signed_store import seal
 
@@ -37,11 +45,31 @@ def store(request: pytest.FixtureRequest) -> Store:
     return EtcdLikeStore() if request.param == "etcd-like" else _tcp()
 
 
-def test_the_first_launcher_creates_the_nonce_and_the_others_read_it(store: Store) -> None:
+@pytest.fixture
+def keepers() -> Iterator[Callable[[], NonceKeeper]]:
+    """Launchers' nonce keepers (one per simulated launcher), each closed after the test."""
+    made: list[NonceKeeper] = []
+
+    def make() -> NonceKeeper:
+        made.append(NonceKeeper(window=30.0))
+        return made[-1]
+
+    yield make
+    for keeper in made:
+        keeper.close()
+
+
+@pytest.mark.timeout(60)
+def test_the_first_launcher_creates_the_nonce_and_the_others_read_it(
+    store: Store, keepers: Callable[[], NonceKeeper]
+) -> None:
     first = run_nonce(PrefixStore("torch.rendezvous.job.0", store), KEY, "job", 0)
     assert first is not None
     assert len(first) == 32
+    # The same launcher again (another of its parts): no store operation, same nonce.
     assert run_nonce(store, KEY, "job", 0) == first
+    # Another launcher of the run: asks, the first answers, it takes the same nonce.
+    assert keepers().nonce(store, KEY, "job", 0) == first
     # Another attempt (a requeue the scheduler counted), another run id: another nonce.
     assert run_nonce(store, KEY, "job", 1) not in (None, first)
     assert run_nonce(store, KEY, "job2", 0) not in (None, first)
@@ -55,35 +83,44 @@ def test_without_a_key_there_is_no_nonce_and_no_store_write() -> None:
     assert signed_run("job", None) == "job"
 
 
-def test_an_invalid_record_is_replaced_and_logged(caplog: pytest.LogCaptureFixture) -> None:
-    store = _tcp()
+@pytest.mark.timeout(60)
+def test_an_invalid_record_is_replaced_and_logged(
+    store: Store, keepers: Callable[[], NonceKeeper], caplog: pytest.LogCaptureFixture
+) -> None:
     name = "nvrx.launcher.job/run_nonce/0"
     forged = json.dumps({"v": 1, "body": "0" * 32, "mac": "00" * 32})
     for value in ("garbage", forged):
         store.set(name, value)
         with caplog.at_level(logging.WARNING, logger="nvrx.launcher"):
-            nonce = run_nonce(store, KEY, "job", 0)
+            nonce = keepers().nonce(store, KEY, "job", 0)
         assert nonce not in (None, "0" * 32)
         assert "replacing the run nonce record" in caplog.text
-        assert run_nonce(store, KEY, "job", 0) == nonce  # the valid one stays
+        assert f"ignoring the value under {name} in the rendezvous store" in caplog.text
+        assert keepers().nonce(store, KEY, "job", 0) == nonce  # the valid one stays
         caplog.clear()
 
 
-def test_with_another_key_the_record_does_not_verify() -> None:
+@pytest.mark.timeout(60)
+def test_with_another_key_the_record_does_not_verify(
+    keepers: Callable[[], NonceKeeper],
+) -> None:
     store = _tcp()
-    run_nonce(store, b"x" * 32, "job", 0)
+    keepers().nonce(store, b"x" * 32, "job", 0)
     theirs = store.get("nvrx.launcher.job/run_nonce/0")
-    mine = run_nonce(store, KEY, "job", 0)
+    mine = keepers().nonce(store, KEY, "job", 0)
     assert store.get("nvrx.launcher.job/run_nonce/0") != theirs
-    assert run_nonce(store, KEY, "job", 0) == mine
+    assert keepers().nonce(store, KEY, "job", 0) == mine
 
 
-def test_without_compare_and_set_an_invalid_record_is_an_error() -> None:
+@pytest.mark.timeout(60)
+def test_without_compare_and_set_a_claim_never_written_is_an_error(
+    monkeypatch: pytest.MonkeyPatch, keepers: Callable[[], NonceKeeper]
+) -> None:
+    monkeypatch.setattr(_run_nonce, "_CLAIM_WAIT", datetime.timedelta(seconds=0.5))
     store = EtcdLikeStore()
-    store.add("nvrx.launcher.job/run_nonce/0/claim", 1)  # someone claimed and wrote garbage
-    store.set("nvrx.launcher.job/run_nonce/0", "garbage")
-    with pytest.raises(RuntimeError, match="run nonce record"):
-        run_nonce(store, KEY, "job", 0)
+    store.add("nvrx.launcher.job/run_nonce/0/claim", 1)  # someone claimed, wrote nothing
+    with pytest.raises(RuntimeError, match=r"claimed .* but not written"):
+        keepers().nonce(store, KEY, "job", 0)
 
 
 def test_scheduler_attempt_is_slurm_restart_cnt() -> None:
@@ -117,6 +154,7 @@ def test_a_decision_of_an_earlier_run_is_refused_on_a_new_store() -> None:
     assert all("earlier run" in why for _, why in rejected)
 
 
+@pytest.mark.timeout(60)
 def test_a_decision_of_an_earlier_run_is_refused_on_a_reused_store(store: Store) -> None:
     """Requeue on a store that outlived the run (etcd): the scheduler's attempt moved on."""
     earlier = JobCoordinator(store, "job", "a", key=KEY, attempt=0)
@@ -131,6 +169,24 @@ def test_a_decision_of_an_earlier_run_is_refused_on_a_reused_store(store: Store)
     # Another launcher of the same (earlier) run still reads it: the nonce is per run.
     again = JobCoordinator(store, "job", "b", key=KEY, attempt=0)
     assert again.poll(0) is not None
+
+
+@pytest.mark.timeout(60)
+def test_a_decision_of_an_earlier_run_is_refused_on_a_reused_store_same_attempt(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No scheduler attempt (Kubernetes restarts the job): the earlier run does not answer."""
+    monkeypatch.setattr(_nonce_liveness, "ANSWER_WINDOW_S", 1.0)
+    earlier = JobCoordinator(store, "job", "a", key=KEY, attempt=0)
+    earlier.decide(0, _restart("a"))
+    stop_answering()  # the earlier run's launchers are gone
+    rejected: list[str] = []
+    later = JobCoordinator(
+        store, "job", "a", key=KEY, attempt=0, on_reject=lambda k, w: rejected.append(k)
+    )
+    assert later.state() == JobState()
+    assert later.poll(0) is None
+    assert "nvrx.launcher.job/cycle/0/decision" in rejected
 
 
 def test_group_ranks_of_an_earlier_run_do_not_verify() -> None:

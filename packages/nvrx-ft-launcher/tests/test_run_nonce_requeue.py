@@ -3,8 +3,10 @@
 Real launchers on a c10d rendezvous whose TCPStore this test hosts, so the store outlives
 the first run as etcd or an external store would. The first run restarts once (a signed
 restart decision of cycle 0 is in the store) and is killed, as a preempted job is; the
-requeued run, same ``--rdzv-id`` and job key and the scheduler's next requeue count,
-must start at cycle 0 and journal the old decision as ignored.
+requeued run, same ``--rdzv-id`` and job key, must start at cycle 0 and journal the old
+decision as ignored: with the scheduler's next requeue count (a new nonce record), and
+with the same count (Kubernetes restarting the job: the earlier run's record is there,
+nobody answers its challenge, so the new run replaces it).
 """
 
 from __future__ import annotations
@@ -32,8 +34,9 @@ def _journal(log_dir: pathlib.Path) -> list[dict[str, Any]]:
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("attempts", [("0", "1"), ("0", "0")], ids=["next-attempt", "same-attempt"])
 def test_a_requeued_run_ignores_the_earlier_runs_signed_decision(
-    start_launcher: Start, tmp_path: pathlib.Path
+    start_launcher: Start, tmp_path: pathlib.Path, attempts: tuple[str, str]
 ) -> None:
     key_file = tmp_path / "job.key"
     key_file.write_text("0123456789abcdef0123456789abcdef\n")
@@ -64,7 +67,7 @@ def test_a_requeued_run_ignores_the_earlier_runs_signed_decision(
     first = start_launcher(
         [*rdzv, "--max-restarts", "3", "--log-dir", str(first_logs)],
         ["--steps", "100000", "--no-checkpoint", "--fault", "sigkill:1:5"],
-        env={"NVRX_JOB_KEY_FILE": str(key_file), "SLURM_RESTART_CNT": "0"},
+        env={"NVRX_JOB_KEY_FILE": str(key_file), "SLURM_RESTART_CNT": attempts[0]},
         name="first",
     )
     try:
@@ -85,12 +88,15 @@ def test_a_requeued_run_ignores_the_earlier_runs_signed_decision(
     second = start_launcher(
         [*rdzv, "--max-restarts", "0", "--log-dir", str(second_logs)],
         ["--steps", "10", "--no-checkpoint"],
-        env={"NVRX_JOB_KEY_FILE": str(key_file), "SLURM_RESTART_CNT": "1"},
+        env={"NVRX_JOB_KEY_FILE": str(key_file), "SLURM_RESTART_CNT": attempts[1]},
         name="second",
     )
     assert second.wait(200) == ExitCode.SUCCESS, second.log()[-4000:]
     log = second.log()
     assert f"ignoring the value under nvrx.launcher.{RUN_ID}/cycle/0/decision" in log, log
+    if attempts[0] == attempts[1]:
+        # The earlier run's record stood; its challenge went unanswered (SIGKILLed).
+        assert "that run is over" in log, log
     journal = _journal(second_logs)
     ignored = [e for e in journal if e["event"] == "store_value_ignored"]
     assert [e for e in ignored if e["key"] == decision_key], ignored
