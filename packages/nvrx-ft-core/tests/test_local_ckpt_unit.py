@@ -447,3 +447,18 @@ def test_save_copies_now_across_layout_changes(node_dir: pathlib.Path) -> None:
         assert_same(expect, got.state)
         assert not got.state["z"].is_conj()
     lc.close()
+
+
+def test_slots_keep_their_allocation_as_the_manifest_grows(node_dir: pathlib.Path) -> None:
+    # The manifest grows by a few bytes with the iteration's digits (9 -> 10 -> 100),
+    # the wall time's and a plain value's: the slots are reused as allocated, not
+    # allocated (and faulted in) again.
+    lc = LocalCheckpoints(settings(node_dir))
+    w = torch.randn(50_000)
+    sizes = set()
+    for it in (0, 1, 9, 10, 11, 99, 100, 101, 9999, 10000, 10001):
+        assert lc.save(it, {"w": w, "step": it, "note": "x" * (it % 7)})
+        assert lc.wait(30)
+        sizes.add(tuple(os.stat(p).st_size for p in sorted((node_dir / "local0").iterdir())))
+    lc.close()
+    assert len(sizes) == 2, sizes  # slot 0 alone, then both: never grown again

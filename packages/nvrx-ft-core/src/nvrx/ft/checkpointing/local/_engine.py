@@ -43,7 +43,6 @@ _logger = logging.getLogger("nvrx.ft.local_checkpoint")
 COMM_TIMEOUT_S = 300.0
 """Timeout of the snapshot group's collectives and of one replica transfer."""
 _RESTORE_TAG = 41
-_MANIFEST_SLACK = 64
 
 
 @dataclasses.dataclass(frozen=True)
@@ -256,7 +255,7 @@ class Engine:
         wall = time.time()  # wall clock: label
         head = _format.manifest_head(self._head_prefix, iteration, wall)
         tree_json = _format.encode_tree(tree)
-        bound = _format.manifest_bound(head, tree_json, lay.parts_len) + _MANIFEST_SLACK
+        bound = _format.manifest_bound(head, tree_json, lay.parts_len)
         slot_idx = self.store.write_slot(self.rank)
         try:
             slot = self.store.open_slot(self.rank, slot_idx, lay.data_end + bound)
