@@ -168,6 +168,39 @@ def test_format_parses_and_checks_everything() -> None:
         _format.parse(memoryview(old), job="job-a")
 
 
+def test_manifest_is_what_json_dumps_writes() -> None:
+    # The manifest is spliced from pieces; its bytes are json.dumps's of the document.
+    entries = [
+        _format.TensorEntry("float32", (3, 4), 4096, 48, 0xFFFFFFFF, "cpu"),
+        _format.TensorEntry("bfloat16", (), 4160, 2, 0, "cuda"),
+        _format.TensorEntry("int8", (0, 7), 4224, 0, 12345, "cpu"),
+    ]
+    tree = {"d": [["é\n", {"T": 0}], [1, {"l": [{"T": 1}, {"T": 2}, {"v": -0.0}]}]]}
+    for n in (0, 1, 3):
+        got = _format.encode_manifest(
+            job="j\u2603",
+            owner=2,
+            world_size=4,
+            iteration=10,
+            wall=1.5,
+            tree=tree,
+            entries=entries[:n],
+        )
+        doc = {
+            "format": _format.FORMAT_VERSION,
+            "job": "j\u2603",
+            "owner": 2,
+            "world_size": 4,
+            "iteration": 10,
+            "wall": 1.5,
+            "tree": tree,
+            "tensors": [
+                [e.dtype, list(e.shape), e.offset, e.nbytes, e.crc, e.device] for e in entries[:n]
+            ],
+        }
+        assert got == json.dumps(doc, separators=(",", ":")).encode()
+
+
 # -- placement / agreement -------------------------------------------------------------------
 @pytest.mark.parametrize("nodes", [[2, 2], [2, 2, 2], [4, 2, 3], [1, 1, 1, 1, 1], [3]])
 @pytest.mark.parametrize("replicas", [1, 2])
