@@ -93,6 +93,17 @@ def test_a_training_state_is_planned_and_matched_again() -> None:
     assert _same_as_full(plan, training_state(step=8), key)
 
 
+class _Str(str):
+    """A str subclass: the full walk refuses it as a key."""
+
+
+def _rename(d: dict[Any, Any], old: Any, new: Any) -> None:
+    """Rename key ``old`` to ``new`` in place, keeping its position."""
+    items = [(new if k == old and type(k) is type(old) else k, v) for k, v in d.items()]
+    d.clear()
+    d.update(items)
+
+
 @pytest.mark.parametrize(
     ("change", "hit"),
     [
@@ -127,6 +138,46 @@ def test_a_training_state_is_planned_and_matched_again() -> None:
         (lambda s: s["misc"].update(tuple=[1, 2.5, "x", None, True]), False),  # tuple -> list
         (lambda s: s["misc"].update(tuple=(1, 2.5, "x", None)), False),  # shorter
         (lambda s: s.update(misc=collections.OrderedDict(s["misc"])), False),  # dict type
+        # Keys renamed in place, or of another type but equal: only the keys tell.
+        (lambda s: _rename(s, "step", "iteration"), False),
+        (lambda s: _rename(s["model"], "0.bias", "0.b"), False),
+        (lambda s: _rename(s["misc"], 3, 3.0), False),  # 3 == 3.0, spelled otherwise
+        (lambda s: _rename(s, "step", _Str("step")), False),  # cannot be kept
+        (lambda s: _rename(s["optim"]["state"][1], "step", _Str("step")), False),
+        (lambda s: _rename(s["optim"]["state"], 1, True), False),  # 1 == True
+        # An optimizer's per-parameter states, checked together.
+        (lambda s: s["optim"]["state"][1].update(exp_avg=torch.ones(16)), True),
+        (lambda s: s["optim"]["state"][1].update(exp_avg=torch.ones(17)), False),
+        (lambda s: s["optim"]["state"][1].update(extra=torch.ones(1)), False),
+        (lambda s: s["optim"]["state"][1].pop("step"), False),
+        (lambda s: s["optim"]["state"][1].update(step=1), False),  # tensor -> plain
+        (lambda s: s["optim"]["state"][1].update(exp_avg={"a": torch.ones(16)}), False),
+        (lambda s: s["optim"]["state"].update({1: list(s["optim"]["state"][1].values())}), False),
+        (
+            lambda s: s["optim"]["state"].update(
+                {1: collections.OrderedDict(s["optim"]["state"][1])}
+            ),
+            False,
+        ),
+        (  # keys reordered
+            lambda s: s["optim"]["state"].update(
+                {1: dict(reversed(s["optim"]["state"][1].items()))}
+            ),
+            False,
+        ),
+        (lambda s: s["optim"]["state"].update({1: 5}), False),
+        (  # renamed, same tensor: only the keys tell
+            lambda s: s["optim"]["state"][1].update(moment=s["optim"]["state"][1].pop("exp_avg")),
+            False,
+        ),
+        (  # two moments of one shape swapped: only the keys' order tells
+            lambda s: s["optim"]["state"].update(
+                {1: {k: s["optim"]["state"][1][k] for k in ("step", "exp_avg_sq", "exp_avg")}}
+            ),
+            False,
+        ),
+        (lambda s: s["optim"]["param_groups"][0].update(lr=0.5), True),
+        (lambda s: s["optim"]["param_groups"][0]["params"].append(9), False),
     ],
 )
 def test_plan_follows_or_steps_aside(change: Any, hit: bool) -> None:
@@ -141,6 +192,60 @@ def test_plan_follows_or_steps_aside(change: Any, hit: bool) -> None:
         assert plan.match(state) is None
         return
     assert _same_as_full(plan, state, key) is hit
+
+
+def test_leaves_are_encoded_as_they_are_at_each_match() -> None:
+    # The plan reuses the JSON of leaves that are the same objects as last time; one
+    # plan matched again and again must still follow every change of value.
+    big = 10**30
+    values: list[Any] = [
+        0.0,
+        -0.0,
+        0.0,
+        math.nan,
+        math.nan,
+        1,
+        True,
+        1,
+        big,
+        big + 0,
+        "a",
+        "a" + "b",
+        b"x",
+        torch.Size([1]),
+        torch.float16,
+        None,
+        2.5,
+        2.5,
+    ]
+    state: dict[str, Any] = {"w": torch.ones(2), "v": values[0], "k": [values[0], 7]}
+    plan = _plan(state)
+    key = _full(state)[2]
+    for v in values:
+        for nested in (v, values[0]):
+            state = {"w": torch.ones(2), "v": v, "k": [nested, 7]}
+            assert _same_as_full(plan, state, key)
+            assert _same_as_full(plan, state, key)  # nothing changed: the last JSON
+
+
+def test_a_key_moved_between_sibling_dicts_is_seen() -> None:
+    # Per-parameter dicts are checked together: all their keys in a row, and each
+    # one's length, so a key that moves to the next dict is a change.
+    t = torch.ones(2)
+    first = {"s": {0: {"a": t, "b": t}, 1: {"c": t}}}
+    plan = _plan(first)
+    key = _full(first)[2]
+    assert _same_as_full(plan, {"s": {0: {"a": t, "b": t}, 1: {"c": t}}}, key)
+    assert not _same_as_full(plan, {"s": {0: {"a": t}, 1: {"b": t, "c": t}}}, key)
+
+
+def test_a_mutable_leaf_is_never_planned() -> None:
+    buf = bytearray(b"ab")
+    state: dict[str, Any] = {"w": torch.ones(2), "b": buf}
+    tensors, tree_json, _ = _full(state)
+    assert Plan.of(state, tensors, tree_json) is None
+    plan = _plan({"w": torch.ones(2), "b": b"ab"})
+    assert plan.match(state) is None  # bytes -> bytearray: walked in full
 
 
 def test_tensor_changed_in_place_is_seen() -> None:
@@ -260,6 +365,9 @@ def test_plan_matches_only_what_the_full_walk_gives() -> None:
         if not hit:
             return
         assert new_key == key
+        # Back and forth: the plan's kept leaves follow each state.
+        assert _same_as_full(plan, first, key)
+        assert _same_as_full(plan, second, key)
 
     check()
     assert outcomes["hit"] > 30, outcomes

@@ -77,9 +77,9 @@ class _Layout:
     key: list[_tree.TensorKey]
     entries: list[_format.TensorEntry]
     data_end: int
-    parts: list[tuple[str, str]]  # each entry's JSON around its CRC
+    frame: list[str]  # the entries' JSON around their CRCs (_format.entries_frame)
     parts_len: int  # their most bytes with CRCs
-    spans: list[tuple[int, int]]  # (offset, nbytes) of every entry, for the CRCs
+    spans: list[slice]  # every entry's bytes in the snapshot, for the CRCs
     cpu: list[int]  # indices of the CPU tensors with bytes
     cuda: list[tuple[int, int]]  # (offset, nbytes) of the other tensors with bytes
     all_cpu: bool  # every tensor is in ``cpu``, in order
@@ -101,9 +101,9 @@ class _Layout:
             key=key,
             entries=entries,
             data_end=pos,
-            parts=parts,
+            frame=_format.entries_frame(parts),
             parts_len=_format.parts_bound(parts),
-            spans=[(e.offset, e.nbytes) for e in entries],
+            spans=[slice(e.offset, e.offset + e.nbytes) for e in entries],
             cpu=cpu,
             cuda=[(e.offset, e.nbytes) for e in entries if e.nbytes and e.device != "cpu"],
             all_cpu=len(cpu) == len(entries),
@@ -347,9 +347,11 @@ class Engine:
             dst = torch.frombuffer(slot.mm, dtype=torch.uint8)
             for off, n in lay.cuda:
                 dst[off : off + n].copy_(self._staging[off : off + n])
-        crc32 = zlib.crc32  # releases the GIL over more than 5 KiB
-        crcs = [crc32(view[off : off + n]) for off, n in lay.spans]
-        manifest = _format.join_manifest(head, tree_json, lay.parts, crcs)
+        # One CRC32 per tensor, looped in C: between two checksums (each releases the
+        # GIL over more than 5 KiB) this thread holds the GIL for a slice, not for
+        # Python bytecode.
+        crcs = list(map(zlib.crc32, map(view.__getitem__, lay.spans)))
+        manifest = _format.join_manifest(head, tree_json, lay.frame, crcs)
         data_end = lay.data_end
         total = data_end + len(manifest)
         if total > slot.size:

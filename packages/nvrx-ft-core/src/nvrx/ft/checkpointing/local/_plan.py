@@ -20,7 +20,8 @@ from __future__ import annotations
 import collections
 import json
 from collections.abc import Callable, Mapping
-from operator import attrgetter
+from itertools import chain, compress
+from operator import attrgetter, is_not, methodcaller
 from typing import Any
 
 import torch
@@ -39,6 +40,8 @@ _CPU_META = attrgetter("dtype", "shape", "is_cpu", "layout")
 _DEVICE_META = attrgetter("dtype", "shape", "device", "layout")
 _encode_str: Callable[[str], str] = json.encoder.encode_basestring_ascii
 
+# What a node's children are, in runs: (_RUN, i, j): tensors i..j-1; (_LEAF, i, j):
+# leaves i..j-1 (values that are neither tensors nor containers); (_SUB, i, node).
 _RUN, _LEAF, _SUB = 0, 1, 2
 
 
@@ -83,7 +86,7 @@ def _leaf_json(v: Any) -> str:
 class _Node:
     """One container of the state: its type, length, keys and what each child is."""
 
-    __slots__ = ("flat", "key_types", "keys", "n", "ops", "typ")
+    __slots__ = ("flat", "key_types", "keys", "kids", "kids_dicts", "n", "ops", "typ")
 
     def __init__(
         self,
@@ -99,6 +102,26 @@ class _Node:
         # Every child a tensor: the children are the tensors, in order.
         self.flat = n > 0 and ops == [(_RUN, 0, n)]
         self.ops = ops
+        # Every child a mapping of tensors only (an optimizer's per-parameter state):
+        # the children are checked together, as four lists: their types, their
+        # lengths, all their keys one after the other, and those keys' types.
+        subs = [arg for op, _, arg in ops if op == _SUB]
+        self.kids: tuple[list[Any], list[int], list[Any], list[Any]] | None = None
+        if (
+            n > 1
+            and len(subs) == n
+            and all(k.flat and k.keys is not None and k.key_types is not None for k in subs)
+        ):
+            self.kids = (
+                [k.typ for k in subs],
+                [k.n for k in subs],
+                [key for k in subs for key in k.keys or ()],
+                [t for k in subs for t in k.key_types or ()],
+            )
+        self.kids_dicts = all(k.typ is dict for k in subs)
+
+
+_values = methodcaller("values")
 
 
 def _match(node: _Node, value: Any, tensors: list[Any], leaves: list[Any]) -> None:
@@ -116,31 +139,48 @@ def _match(node: _Node, value: Any, tensors: list[Any], leaves: list[Any]) -> No
     if node.flat:
         tensors.extend(vals)
         return
+    kids = node.kids
+    if kids is not None:
+        if list(map(type, vals)) != kids[0] or list(map(len, vals)) != kids[1]:
+            raise _Mismatch
+        keys = list(chain.from_iterable(vals))  # iterating a mapping gives its keys
+        if keys != kids[2] or list(map(type, keys)) != kids[3]:
+            raise _Mismatch
+        # dict.values only on plain dicts: an OrderedDict's own order is its values'.
+        values = dict.values if node.kids_dicts else _values
+        tensors.extend(chain.from_iterable(map(values, vals)))
+        return
     for op, i, arg in node.ops:
         if op == _RUN:
             tensors.extend(vals[i:arg])
         elif op == _LEAF:
-            leaves.append(vals[i])
+            leaves.extend(vals[i:arg])
         else:
             _match(arg, vals[i], tensors, leaves)
 
 
 class Plan:
-    """The structure of one accepted state, to check the next one against."""
+    """The structure of one accepted state, to check the next one against.
+
+    It also keeps the last state's leaves and their JSON: a leaf that is the same
+    object as last time (leaves are immutable: bytearray is never planned) is not
+    encoded again, and when no leaf changed the tree's JSON is the last one."""
 
     def __init__(
         self,
         root: _Node,
         frags: list[str],
         meta: list[tuple[Any, ...]],
-        tensor_types: frozenset[type],
         on_devices: bool,
     ) -> None:
         self._root = root
         self._frags = frags  # the tree's JSON between the leaves: one more than leaves
         self._meta = meta
-        self._tensor_types = tensor_types
         self._get_meta = _DEVICE_META if on_devices else _CPU_META
+        self._leaves: list[Any] = []  # the last state's leaves,
+        self._leaf_types: list[type] = []  # their types,
+        self._leaf_json: list[str] = []  # their JSON,
+        self._json = frags[0]  # and the tree's JSON they made
 
     @classmethod
     def of(
@@ -191,7 +231,10 @@ class Plan:
                 else:
                     pieces.append(None)
                     leaves.append(v)
-                    ops.append((_LEAF, i, None))
+                    if ops and ops[-1][0] == _LEAF and ops[-1][2] == i:
+                        ops[-1] = (_LEAF, ops[-1][1], i + 1)
+                    else:
+                        ops.append((_LEAF, i, i + 1))
                 if key_json is not None:
                     pieces.append("]")
             return ops
@@ -207,40 +250,59 @@ class Plan:
                 else:
                     frags[-1] += p
             on_devices = not all(t.is_cpu for t in tensors)
-            plan = cls(
-                root,
-                frags,
-                list(map(_DEVICE_META if on_devices else _CPU_META, tensors)),
-                frozenset(map(type, tensors)),
-                on_devices,
-            )
+            meta = list(map(_DEVICE_META if on_devices else _CPU_META, tensors))
+            plan = cls(root, frags, meta, on_devices)
             # The pieces must give exactly the full walk's JSON; else no plan.
-            if count[0] != len(tensors) or plan._join(leaves) != tree_json:
+            if count[0] != len(tensors) or plan._tree_json(leaves) != tree_json:
                 return None
         except (_Uncacheable, _Mismatch):
             return None
         return plan
 
-    def _join(self, leaves: list[Any]) -> str:
-        frags = self._frags
+    def _tree_json(self, leaves: list[Any]) -> str:
+        """The tree's JSON with these leaves (in the plan's order); _Mismatch when a
+        leaf is not one (a mutable bytearray is never kept across saves)."""
         if not leaves:
-            return frags[0]
+            return self._frags[0]
+        types = list(map(type, leaves))
+        if types != self._leaf_types:
+            if any(issubclass(t, bytearray) for t in set(types)):
+                raise _Mismatch
+            enc = list(map(_leaf_json, leaves))
+        else:
+            # Only leaves that are new objects are looked at; a float is encoded again
+            # even when equal (0.0 == -0.0), anything else when it differs.
+            last = self._leaves
+            changed = [
+                i
+                for i in compress(range(len(leaves)), map(is_not, leaves, last))
+                if types[i] is float or leaves[i] != last[i]
+            ]
+            if not changed:
+                self._leaves = leaves
+                return self._json
+            enc = self._leaf_json.copy()
+            for i in changed:
+                enc[i] = _leaf_json(leaves[i])
         parts: list[str] = [""] * (2 * len(leaves) + 1)
-        parts[0::2] = frags
-        parts[1::2] = map(_leaf_json, leaves)
-        return "".join(parts)
+        parts[0::2] = self._frags
+        parts[1::2] = enc
+        out = "".join(parts)
+        self._leaves, self._leaf_types, self._leaf_json, self._json = leaves, types, enc, out
+        return out
 
     def match(self, state: Mapping[str, Any]) -> tuple[list[torch.Tensor], str] | None:
         """The tensors and the tree JSON of ``state`` if it has this plan's structure
-        and tensor metadata, else None."""
+        and tensor metadata, else None.
+
+        The tensors are not type-checked one by one: a value that is not a tensor
+        has no ``dtype``, ``shape``, ``is_cpu`` and ``layout`` equal to a tensor's."""
         tensors: list[Any] = []
         leaves: list[Any] = []
         try:
             _match(self._root, state, tensors, leaves)
-            if not all(map(self._tensor_types.__contains__, map(type, tensors))):
-                return None
             if list(map(self._get_meta, tensors)) != self._meta:
                 return None
-            return tensors, self._join(leaves)
+            return tensors, self._tree_json(leaves)
         except Exception:  # _Mismatch, or a value that is not what it was
             return None
