@@ -11,8 +11,9 @@ spliced from constant pieces and the plain values' JSON: byte for byte what
 :func:`_tree.flatten_for_save` and :func:`_format.encode_tree` give for that state.
 On any difference it returns None and the caller walks the state in full.
 
-A plan holds no tensor and no container of the state (only keys, types and tensor
-metadata), so it keeps no memory of the training alive.
+A plan holds no tensor and no container of the state (only keys, types, tensor
+metadata and the last save's plain values), so it keeps no memory of the training
+alive.
 """
 
 from __future__ import annotations
