@@ -12,6 +12,9 @@ median of the per-pair differences or ratios, with the load average at the time.
   save (allocation and page faults of a fresh slot), and what the writer thread then
   spends (checksums, manifest, preamble). ``save_call_overhead_100MB_400_tensors``: the
   same with the state in 400 tensors (the per-tensor cost of walking the state).
+  ``save_call_overhead_100MB_adamw_300_params``: the same for a model of 300
+  parameters and its AdamW state, ``state_dict()`` made anew for every save (900
+  tensors, a dict per parameter, the optimizer's param groups: a training state's shape).
 - ``step_slowdown_100MB``: a training loop (an MLP whose parameters and AdamW moments are
   ~100 MB; forward + backward on a batch of 512, optimizer step) in rounds of three
   blocks, their order rotated: no snapshot, a plain copy of the state's tensors every
@@ -84,6 +87,41 @@ def _save_call(size_mb: int, samples: int, tensors: int = 1) -> Metric:
     n = size_mb * MB // 4 // tensors
     srcs = [torch.randn(n) for _ in range(tensors)]
     state = {"model": {f"w{i}": t for i, t in enumerate(srcs)}, "step": 0}
+    name = f"save_call_overhead_{size_mb}MB" + (f"_{tensors}_tensors" if tensors > 1 else "")
+    return _paired_save_call(name, lambda: state, srcs, samples)
+
+
+def _save_call_adamw(params: int, samples: int) -> Metric:
+    """A model of ``params`` parameters (``params // 2`` linear layers) whose
+    parameters and AdamW's moments are ~100 MB, saved as ``model.state_dict()`` and
+    ``optimizer.state_dict()`` made anew for every save, as a training loop does: three
+    tensors and a dict per parameter, int keys, and the optimizer's param groups."""
+    width = round(math.sqrt(100 * MB / 4 / 3 / (params // 2)))
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*(torch.nn.Linear(width, width) for _ in range(params // 2)))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    opt.step()
+
+    def state() -> dict[str, object]:
+        return {"model": model.state_dict(), "optim": opt.state_dict(), "step": 0}
+
+    srcs = list(model.state_dict().values())
+    for per_param in opt.state_dict()["state"].values():
+        srcs.extend(v for v in per_param.values() if isinstance(v, torch.Tensor))
+    name = f"save_call_overhead_100MB_adamw_{params}_params"
+    return _paired_save_call(name, state, srcs, samples)
+
+
+def _paired_save_call(
+    name: str,
+    make_state: Callable[[], dict[str, object]],
+    srcs: list[torch.Tensor],
+    samples: int,
+) -> Metric:
+    """The save call of ``make_state()`` (made before each call, untimed) against a
+    plain copy of ``srcs`` (its tensors) into warm buffers, in pairs."""
     dst = [torch.empty_like(t) for t in srcs]
     torch._foreach_copy_(dst, srcs)  # warm: no page faults in the baseline
 
@@ -94,12 +132,14 @@ def _save_call(size_mb: int, samples: int, tensors: int = 1) -> Metric:
     load0 = _load()
     try:
         lc = LocalCheckpoints(_settings(base))
+        state = make_state()
         first = _timed(lambda: lc.save(0, state))[0]
         lc.wait()
-        lc.save(1, state)  # the second slot
+        lc.save(1, make_state())  # the second slot
         lc.wait()
         calls, copies, over, over_cpu, ratio, background = [], [], [], [], [], []
         for it in range(2, samples + 2):
+            state = make_state()
             if it % 2:  # the copy paired with this save goes first every other time
                 plain = _timed(copy)
             save = _timed(lambda: lc.save(it, state))  # noqa: B023
@@ -116,7 +156,6 @@ def _save_call(size_mb: int, samples: int, tensors: int = 1) -> Metric:
         lc.close()
     finally:
         shutil.rmtree(base, ignore_errors=True)
-    name = f"save_call_overhead_{size_mb}MB" + (f"_{tensors}_tensors" if tensors > 1 else "")
     return Metric(
         AREA,
         name,
@@ -362,6 +401,7 @@ def run(quick: bool) -> list[Metric]:
     sizes = [(10, 15), (100, 9)] if quick else [(10, 31), (100, 15), (1024, 7)]
     metrics = [_save_call(mb, n) for mb, n in sizes]
     metrics.append(_save_call(100, 5 if quick else 15, tensors=400))
+    metrics.append(_save_call_adamw(300, 5 if quick else 15))
     metrics.extend(_step_loop(*((2, 3) if quick else (8, 3))))
     metrics.extend(_step_loop(*((2, 3) if quick else (8, 3)), spare_core=True))
     metrics.append(_restore_own(3 if quick else 7))

@@ -168,6 +168,39 @@ def test_format_parses_and_checks_everything() -> None:
         _format.parse(memoryview(old), job="job-a")
 
 
+def test_manifest_is_what_json_dumps_writes() -> None:
+    # The manifest is spliced from pieces; its bytes are json.dumps's of the document.
+    entries = [
+        _format.TensorEntry("float32", (3, 4), 4096, 48, 0xFFFFFFFF, "cpu"),
+        _format.TensorEntry("bfloat16", (), 4160, 2, 0, "cuda"),
+        _format.TensorEntry("int8", (0, 7), 4224, 0, 12345, "cpu"),
+    ]
+    tree = {"d": [["é\n", {"T": 0}], [1, {"l": [{"T": 1}, {"T": 2}, {"v": -0.0}]}]]}
+    for n in (0, 1, 3):
+        got = _format.encode_manifest(
+            job="j\u2603",
+            owner=2,
+            world_size=4,
+            iteration=10,
+            wall=1.5,
+            tree=tree,
+            entries=entries[:n],
+        )
+        doc = {
+            "format": _format.FORMAT_VERSION,
+            "job": "j\u2603",
+            "owner": 2,
+            "world_size": 4,
+            "iteration": 10,
+            "wall": 1.5,
+            "tree": tree,
+            "tensors": [
+                [e.dtype, list(e.shape), e.offset, e.nbytes, e.crc, e.device] for e in entries[:n]
+            ],
+        }
+        assert got == json.dumps(doc, separators=(",", ":")).encode()
+
+
 # -- placement / agreement -------------------------------------------------------------------
 @pytest.mark.parametrize("nodes", [[2, 2], [2, 2, 2], [4, 2, 3], [1, 1, 1, 1, 1], [3]])
 @pytest.mark.parametrize("replicas", [1, 2])
@@ -447,3 +480,18 @@ def test_save_copies_now_across_layout_changes(node_dir: pathlib.Path) -> None:
         assert_same(expect, got.state)
         assert not got.state["z"].is_conj()
     lc.close()
+
+
+def test_slots_keep_their_allocation_as_the_manifest_grows(node_dir: pathlib.Path) -> None:
+    # The manifest grows by a few bytes with the iteration's digits (9 -> 10 -> 100),
+    # the wall time's and a plain value's: the slots are reused as allocated, not
+    # allocated (and faulted in) again.
+    lc = LocalCheckpoints(settings(node_dir))
+    w = torch.randn(50_000)
+    sizes = set()
+    for it in (0, 1, 9, 10, 11, 99, 100, 101, 9999, 10000, 10001):
+        assert lc.save(it, {"w": w, "step": it, "note": "x" * (it % 7)})
+        assert lc.wait(30)
+        sizes.add(tuple(os.stat(p).st_size for p in sorted((node_dir / "local0").iterdir())))
+    lc.close()
+    assert len(sizes) == 2, sizes  # slot 0 alone, then both: never grown again

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from nvrx.ft.checkpointing.local import _agreement, _format, _placement, _tree
+from nvrx.ft.checkpointing.local import _agreement, _format, _placement, _plan, _tree
 from nvrx.ft.checkpointing.local._contract import (
     LocalCkptSettings,
     RestoreRecord,
@@ -43,7 +43,6 @@ _logger = logging.getLogger("nvrx.ft.local_checkpoint")
 COMM_TIMEOUT_S = 300.0
 """Timeout of the snapshot group's collectives and of one replica transfer."""
 _RESTORE_TAG = 41
-_MANIFEST_SLACK = 64
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,11 +77,12 @@ class _Layout:
     key: list[_tree.TensorKey]
     entries: list[_format.TensorEntry]
     data_end: int
-    parts: list[tuple[str, str]]  # each entry's JSON around its CRC
+    frame: list[str]  # the entries' JSON around their CRCs (_format.entries_frame)
     parts_len: int  # their most bytes with CRCs
-    spans: list[tuple[int, int]]  # (offset, nbytes) of every entry, for the CRCs
+    spans: list[slice]  # every entry's bytes in the snapshot, for the CRCs
     cpu: list[int]  # indices of the CPU tensors with bytes
     cuda: list[tuple[int, int]]  # (offset, nbytes) of the other tensors with bytes
+    all_cpu: bool  # every tensor is in ``cpu``, in order
     views: dict[int, tuple[mmap.mmap, list[torch.Tensor]]] = dataclasses.field(default_factory=dict)
 
     @classmethod
@@ -96,15 +96,17 @@ class _Layout:
             )
             pos = _format.align(pos + nbytes)
         parts = [_format.entry_parts(e) for e in entries]
+        cpu = [i for i, e in enumerate(entries) if e.nbytes and e.device == "cpu"]
         return cls(
             key=key,
             entries=entries,
             data_end=pos,
-            parts=parts,
+            frame=_format.entries_frame(parts),
             parts_len=_format.parts_bound(parts),
-            spans=[(e.offset, e.nbytes) for e in entries],
-            cpu=[i for i, e in enumerate(entries) if e.nbytes and e.device == "cpu"],
+            spans=[slice(e.offset, e.offset + e.nbytes) for e in entries],
+            cpu=cpu,
             cuda=[(e.offset, e.nbytes) for e in entries if e.nbytes and e.device != "cpu"],
+            all_cpu=len(cpu) == len(entries),
         )
 
     def views_in(self, slot_idx: int, mm: mmap.mmap) -> list[torch.Tensor]:
@@ -202,6 +204,8 @@ class Engine:
         self.replicator: Replicator | None = None
         self._staging: torch.Tensor | None = None
         self._layout: _Layout | None = None
+        self._plan: _plan.Plan | None = None  # of the last state, for the next save
+        self._plan_misses = 0
         self._head_prefix = _format.head_prefix(
             job=self.job, owner=self.rank, world_size=self.world_size
         )
@@ -249,14 +253,10 @@ class Engine:
                 iteration,
             )
             return False
-        tree, tensors, key = _tree.flatten_for_save(state)
-        lay = self._layout
-        if lay is None or lay.key != key:
-            lay = self._layout = _Layout.of(key)
+        tensors, tree_json, lay = self._walk(state)
         wall = time.time()  # wall clock: label
         head = _format.manifest_head(self._head_prefix, iteration, wall)
-        tree_json = _format.encode_tree(tree)
-        bound = _format.manifest_bound(head, tree_json, lay.parts_len) + _MANIFEST_SLACK
+        bound = _format.manifest_bound(head, tree_json, lay.parts_len)
         slot_idx = self.store.write_slot(self.rank)
         try:
             slot = self.store.open_slot(self.rank, slot_idx, lay.data_end + bound)
@@ -269,7 +269,7 @@ class Engine:
             self._warn("oserror", "local checkpoint of iteration %d skipped: %s", iteration, exc)
             return False
         if lay.cpu:
-            srcs = [tensors[i] for i in lay.cpu]
+            srcs = tensors if lay.all_cpu else [tensors[i] for i in lay.cpu]
             with torch.no_grad():
                 torch._foreach_copy_(lay.views_in(slot_idx, slot.mm), srcs)
         event: Any = None
@@ -279,6 +279,29 @@ class Engine:
         self.last_saved = iteration
         self.saves += 1
         return True
+
+    def _walk(self, state: Mapping[str, Any]) -> tuple[list[torch.Tensor], str, _Layout]:
+        """The state's tensors, its tree's JSON and their layout: checked against the
+        last state's plan when there is one, else walked in full (TypeError on what
+        cannot be kept) and planned for the next save.
+
+        A state whose structure keeps changing is planned again after 1, 2, 4, 8...
+        misses, so that making plans that never match costs it next to nothing."""
+        plan, lay = self._plan, self._layout
+        if plan is not None and lay is not None:
+            got = plan.match(state)
+            if got is not None:
+                self._plan_misses = 0
+                return got[0], got[1], lay
+            self._plan = None
+        tree, tensors, key = _tree.flatten_for_save(state)
+        if lay is None or lay.key != key:
+            lay = self._layout = _Layout.of(key)
+        tree_json = _format.encode_tree(tree)
+        self._plan_misses += 1
+        if not self._plan_misses & (self._plan_misses - 1):
+            self._plan = _plan.Plan.of(state, tensors, tree_json)
+        return tensors, tree_json, lay
 
     def _copy_from_devices(
         self, tensors: list[torch.Tensor], entries: list[_format.TensorEntry], size: int
@@ -324,9 +347,11 @@ class Engine:
             dst = torch.frombuffer(slot.mm, dtype=torch.uint8)
             for off, n in lay.cuda:
                 dst[off : off + n].copy_(self._staging[off : off + n])
-        crc32 = zlib.crc32  # releases the GIL over more than 5 KiB
-        crcs = [crc32(view[off : off + n]) for off, n in lay.spans]
-        manifest = _format.join_manifest(head, tree_json, lay.parts, crcs)
+        # One CRC32 per tensor, looped in C: between two checksums (each releases the
+        # GIL over more than 5 KiB) this thread holds the GIL for a slice, not for
+        # Python bytecode.
+        crcs = list(map(zlib.crc32, map(view.__getitem__, lay.spans)))
+        manifest = _format.join_manifest(head, tree_json, lay.frame, crcs)
         data_end = lay.data_end
         total = data_end + len(manifest)
         if total > slot.size:
@@ -373,6 +398,7 @@ class Engine:
         if self.replicator is not None:
             self.replicator.close()
         self._layout = None  # its views pin the slots' mappings
+        self._plan = None
         self.store.close()
 
     # -- restore ----------------------------------------------------------------------------

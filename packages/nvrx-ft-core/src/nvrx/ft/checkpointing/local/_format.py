@@ -16,6 +16,7 @@ else is :class:`SnapshotError`, and the caller skips that snapshot with one warn
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import math
 import struct
@@ -120,8 +121,8 @@ def encode_manifest(
 ) -> bytes:
     """The manifest's JSON bytes."""
     head = manifest_head(head_prefix(job=job, owner=owner, world_size=world_size), iteration, wall)
-    parts = [entry_parts(e) for e in entries]
-    return join_manifest(head, encode_tree(tree), parts, [e.crc for e in entries])
+    frame = entries_frame([entry_parts(e) for e in entries])
+    return join_manifest(head, encode_tree(tree), frame, [e.crc for e in entries])
 
 
 # The manifest is spliced from pieces so that a save encodes on the training thread only
@@ -166,15 +167,34 @@ def parts_bound(parts: list[tuple[str, str]]) -> int:
 def manifest_bound(head: str, tree_json: str, parts_len: int) -> int:
     """The most bytes :func:`join_manifest` gives for these pieces (any CRCs);
     ``parts_len`` is :func:`parts_bound` of the entries."""
-    return len((head + tree_json).encode("utf-8")) + parts_len + len(',"tree":,"tensors":[]}')
+    if head.isascii() and tree_json.isascii():  # json.dumps's ensure_ascii: always
+        text = len(head) + len(tree_json)
+    else:
+        text = len((head + tree_json).encode("utf-8"))
+    return text + parts_len + len(',"tree":,"tensors":[]}')
 
 
-def join_manifest(
-    head: str, tree_json: str, parts: list[tuple[str, str]], crcs: list[int]
-) -> bytes:
-    """The manifest's bytes from its pieces and each tensor's CRC32."""
-    tensors = ",".join(f"{a}{c}{b}" for (a, b), c in zip(parts, crcs, strict=True))
-    return f'{head},"tree":{tree_json},"tensors":[{tensors}]}}'.encode()
+def entries_frame(parts: list[tuple[str, str]]) -> list[str]:
+    """The tensor entries' JSON around their CRCs, one more piece than entries: the
+    entries are ``frame[0] + crc[0] + frame[1] + ... + crc[n-1] + frame[n]``."""
+    if not parts:
+        return [""]
+    frame = [parts[0][0]]
+    for (_, after), (before, _) in itertools.pairwise(parts):
+        frame.append(after + "," + before)
+    frame.append(parts[-1][1])
+    return frame
+
+
+def join_manifest(head: str, tree_json: str, frame: list[str], crcs: list[int]) -> bytes:
+    """The manifest's bytes from its pieces and each tensor's CRC32; ``frame`` is
+    :func:`entries_frame` of the entries (one string join, no formatting per entry)."""
+    if len(frame) != len(crcs) + 1:
+        raise ValueError(f"{len(crcs)} CRCs for {len(frame) - 1} tensor entries")
+    pieces = [""] * (2 * len(crcs) + 1)
+    pieces[0::2] = frame
+    pieces[1::2] = map(str, crcs)
+    return f'{head},"tree":{tree_json},"tensors":[{"".join(pieces)}]}}'.encode()
 
 
 def encode_preamble(pre: Preamble) -> bytes:

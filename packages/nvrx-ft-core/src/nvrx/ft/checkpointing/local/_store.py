@@ -27,6 +27,16 @@ __all__: list[str] = []
 _logger = logging.getLogger("nvrx.ft.local_checkpoint")
 _SLOT_NAME = re.compile(r"(\d{1,9})\.([01])\.snap\Z")
 _ZERO_PREAMBLE = b"\x00" * 64
+_PAGE = 4096
+
+
+def _with_headroom(size: int) -> int:
+    """What a slot that must hold ``size`` bytes is allocated with: a little more, so
+    that a snapshot a few bytes longer than the last (its manifest grows with the
+    iteration's digits, the wall time's, a plain value's) reuses the mapping instead of
+    allocating and faulting in the whole slot again."""
+    want = size + max(4 * _PAGE, size >> 10)
+    return -(-want // _PAGE) * _PAGE
 
 
 class NoSpace(OSError):
@@ -157,6 +167,7 @@ class Store:
     def open_slot(self, owner: int, slot: int, size: int) -> Slot:
         """The slot file mapped, at least ``size`` bytes, its preamble zeroed (invalid).
 
+        A slot that must grow is allocated with headroom (:func:`_with_headroom`).
         NoSpace / OSError when it cannot be had; the slot is then left invalid or as it was.
         """
         key = (owner, slot)
@@ -175,6 +186,7 @@ class Store:
                 os.pwrite(fd, _ZERO_PREAMBLE, 0)
             self._forget_if_newest(owner, slot)
             if have < size:
+                size = _with_headroom(size)
                 self.check_space(size - os.fstat(fd).st_blocks * 512)
                 try:
                     os.posix_fallocate(fd, 0, size)

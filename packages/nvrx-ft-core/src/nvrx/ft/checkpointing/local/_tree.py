@@ -104,13 +104,10 @@ def flatten_for_save(
             return {"l": [walk(v, depth + 1) for v in value]}
         if type(value) is tuple:
             return {"t": [walk(v, depth + 1) for v in value]}
-        if isinstance(value, (bytes, bytearray)):
-            return {"b": base64.b64encode(bytes(value)).decode("ascii")}
-        if isinstance(value, torch.Size):
-            return {"S": [int(x) for x in value]}
-        if isinstance(value, torch.dtype):
-            return {"D": str(value).removeprefix("torch.")}
-        raise _Unkept
+        node = other_leaf(value)
+        if node is None:
+            raise _Unkept
+        return node
 
     try:
         if not isinstance(state, Mapping):
@@ -119,6 +116,18 @@ def flatten_for_save(
     except _Unkept:
         flatten(state)  # raises TypeError with the key path
         raise TypeError("the state cannot be kept without pickle") from None
+
+
+def other_leaf(value: object) -> Json | None:
+    """The tree node of a bytes, torch.Size or torch.dtype value; None for anything else
+    (the leaves that are neither tensors nor plain values)."""
+    if isinstance(value, (bytes, bytearray)):
+        return {"b": base64.b64encode(bytes(value)).decode("ascii")}
+    if isinstance(value, torch.Size):
+        return {"S": [int(x) for x in value]}
+    if isinstance(value, torch.dtype):
+        return {"D": str(value).removeprefix("torch.")}
+    return None
 
 
 class _Unkept(Exception):

@@ -3,6 +3,10 @@
 One daemon thread runs submitted jobs in order. A job never raises out of the thread:
 its exception is logged once per kind and the job counts as failed. ``wait`` waits
 for the last submitted job.
+
+``submit`` is on the training thread right after a large copy, when little of Python's
+own state is still in the CPU caches: it only counts the job and hands it to a
+``queue.SimpleQueue`` (both C code); the thread, not the caller, tells waiters.
 """
 
 from __future__ import annotations
@@ -21,24 +25,27 @@ class Writer:
     """A FIFO of jobs run by one background thread."""
 
     def __init__(self, name: str = "nvrx-local-ckpt-writer") -> None:
-        self._jobs: queue.Queue[tuple[Callable[[], None], threading.Event] | None] = queue.Queue()
-        self._last: threading.Event | None = None
+        self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._submitted = 0  # jobs handed over (the submitting thread alone writes it)
+        self._done = 0  # jobs finished (the writer thread alone writes it)
+        self._finished = threading.Condition()
+        self._warned: set[str] = set()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
-        self._warned: set[str] = set()
 
-    def submit(self, job: Callable[[], None]) -> threading.Event:
-        done = threading.Event()
-        self._last = done
-        self._jobs.put((job, done))
-        return done
+    def submit(self, job: Callable[[], None]) -> None:
+        self._submitted += 1
+        self._jobs.put(job)
 
     def busy(self) -> bool:
-        return self._last is not None and not self._last.is_set()
+        return self._done != self._submitted
 
     def wait(self, timeout: float | None = None) -> bool:
-        last = self._last
-        return True if last is None else last.wait(timeout)
+        target = self._submitted
+        if self._done >= target:
+            return True
+        with self._finished:
+            return self._finished.wait_for(lambda: self._done >= target, timeout)
 
     def close(self, timeout: float | None = None) -> bool:
         self._jobs.put(None)
@@ -47,10 +54,9 @@ class Writer:
 
     def _run(self) -> None:
         while True:
-            item = self._jobs.get()
-            if item is None:
+            job = self._jobs.get()
+            if job is None:
                 return
-            job, done = item
             try:
                 job()
             except Exception as exc:  # a background job never kills the thread
@@ -61,4 +67,6 @@ class Writer:
                 else:
                     _logger.debug("a local checkpoint save failed in the background: %s", exc)
             finally:
-                done.set()
+                with self._finished:
+                    self._done += 1
+                    self._finished.notify_all()
