@@ -12,8 +12,8 @@ process management, and replaces the run loop so that:
 
 The agent is torch's glue plus calls: what ends a cycle is :func:`._cycle_end.cycle_end`,
 applying the decision is :func:`._apply_decision.apply_decision`, the exit barrier
-:func:`._exit_barrier.await_other_nodes`, the hang evidence wait
-:func:`._hang_wait.await_hang_evidence` (see docs/design/launcher-internals.md).
+:func:`._exit_barrier.await_other_nodes`, the hang's attribution as soon as its evidence
+is in and the wait for it :mod:`._hang_wait` (see docs/design/launcher-internals.md).
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ from ._events import AllNodesFinished, Recorder, StoreValueIgnored, WorkersStart
 from ._exit_barrier import await_other_nodes
 from ._failure_report import name_crashes, report_failures
 from ._goodput_feed import GoodputFeed
-from ._hang_wait import await_hang_evidence
+from ._hang_wait import attribute_when_in, await_hang_evidence, tick_wait_s
 from ._job_key import KEY_ENV, KEY_FILE_ENV, load_job_key
 from ._launcher_exit import LauncherExit
 from ._local_ckpt import RestoreWatch
@@ -349,7 +349,7 @@ class FtAgent(LocalElasticAgent):
             with self._wakeup:
                 self._initialize_workers(self._worker_group)
                 while True:
-                    self._wakeup.wait(spec.monitor_interval)
+                    self._wakeup.wait(tick_wait_s(self._cycle, spec.monitor_interval))
                     result = self._tick()
                     if result is not None:
                         return result
@@ -412,6 +412,9 @@ class FtAgent(LocalElasticAgent):
         self._cycle.noticed_mono = time.monotonic()
         wg = self._worker_group
         self._reports.handle(self._monitors.drain_events(), noticed)
+        pc = compat.worker_processes(self)
+        if pc is not None:  # the hang named now, not once its ranks have exited
+            attribute_when_in(self._cycle, pc.subprocess_handlers, wg, self._recorder)
         if self._spares is not None:
             self._spares.fill_when_up(self._cycle, wg.spec.local_world_size)
         self._reports.journal_progress()
