@@ -17,7 +17,6 @@ from typing import Any
 
 from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup
 
-from nvrx.ft import MonitorEvent
 from nvrx.ft._events import RankTerminated
 
 from ._culprit import CulpritFinding, RankEvidence, find_culprit
@@ -55,7 +54,7 @@ def _describe_termination(event: RankTerminated) -> str:
 
 def hang_evidence(cycle: CycleState) -> list[RankEvidence]:
     """The monitors' reports of the cycle's hung ranks, as the culprit rules read them."""
-    found = (RankEvidence.from_event(MonitorEvent.of(e)) for e in cycle.terminated.values())
+    found = (RankEvidence.from_event(e) for e in cycle.terminated.values())
     return [e for e in found if e is not None]
 
 
