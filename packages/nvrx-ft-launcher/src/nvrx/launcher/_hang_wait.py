@@ -86,8 +86,10 @@ def attribute_when_in(
     Returns whether it attributed now (False: no hang report, already attributed, or
     the evidence still coming).
     """
+    if cycle.hang_attributed:
+        return False
     deadline = _deadline(cycle)
-    if cycle.hang_attributed or deadline is None:
+    if deadline is None:
         return False
     if not _all_reported(cycle, handlers) and time.monotonic() < deadline:
         return False
@@ -97,7 +99,7 @@ def attribute_when_in(
 def tick_wait_s(cycle: CycleState, interval: float) -> float:
     """How long the agent's loop may wait for its next tick: ``interval``, shorter while
     a hang's evidence wait ends sooner (so the attribution is not an interval late)."""
-    deadline = _deadline(cycle)
-    if cycle.hang_attributed or deadline is None:
+    deadline = None if cycle.hang_attributed else _deadline(cycle)
+    if deadline is None:
         return interval
     return max(0.0, min(interval, deadline - time.monotonic()))
