@@ -25,13 +25,25 @@ named as culprit or another collective is wrong. ``decided_s`` is the time from 
 first monitor's hang event to the last rank's (find_culprit itself takes microseconds):
 the launcher decides then.
 
-    .venv-dev/bin/python benchmarks/bench_culprit.py [--runs N] [--seed S] [--json]
+``culprit_line`` is the same moment seen from a real ``ft_launcher`` (2 gloo ranks of
+packages/nvrx-ft-launcher/tests/train_script.py, rank 1 hung in Python, both ignoring
+SIGTERM as frameworks that save on SIGTERM outlive it, the default 5 s termination grace
+period): the time from the first monitor's detection (its report's last activity plus
+the age it measured) to the journal's ``hang_attributed`` (the ``hang in cycle`` line),
+target 5 s. Its detail has the time to the ranks' exit (the grace period's SIGKILL),
+which is when the launcher named the culprit before it attributed without the exits.
+Measured on the shared 2-core dev box (``bench_culprit.py --runs 0 --line``): 0.31 s (the
+0.3 s stack dump pause, then the same tick), the exit at 5.33 s; 5.34 s before, at the
+exit.
+
+    .venv-dev/bin/python benchmarks/bench_culprit.py [--runs N] [--seed S] [--json] [--line]
         [--kinds sleep,stop,desync,read,dread]
 
 In ``nox -s bench`` (``run``): 10 runs (2 of each kind; 8 without ``dread``) with seed
 18 (one of each with ``--quick``), reported as ``culprit_wrong`` and
 ``collective_wrong`` (targets 0), ``culprit_right`` and ``culprit_undecided`` (counts),
-``culprit_decided`` (the slowest run's decided_s, target 5 s) and the time a run took.
+``culprit_decided`` (the slowest run's decided_s, target 5 s), the time a run took and
+``culprit_line`` (one launcher run, about 25 s).
 
 Measured on the shared 2-core dev box (load about 9, as root so ``dread`` ran),
 ``--runs 10 --seed 18`` (two runs of each kind): right 10, undecided 0, wrong 0,
@@ -52,6 +64,7 @@ import json
 import pathlib
 import random
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -65,17 +78,23 @@ sys.path.append(
 
 from _common import Metric
 from _dstate import unavailable_reason  # type: ignore[import-not-found, unused-ignore]
+from _launcher_runs import read_jsonl, reap, start_launcher
 from test_culprit_real import (  # type: ignore[import-not-found, unused-ignore]
     HUNG_AT_STEP,
     WORLD,
     run_hang,
 )
 
+from nvrx.launcher._events import HangAttributed, RankFailed, RankTerminatedByMonitor
+
 AREA = "culprit"
 KINDS = ("sleep", "stop", "desync", "read", "dread")
 #: What every run's finding must name: the all_reduce of the step after the hang.
 WAITED = {"op": "all_reduce", "group": "default_pg", "seq": HUNG_AT_STEP + 1}
 DECIDED_TARGET_S = 5.0
+_TRAIN = pathlib.Path(__file__).resolve().parents[1] / (
+    "packages/nvrx-ft-launcher/tests/train_script.py"
+)
 
 
 def default_kinds() -> tuple[str, ...]:
@@ -107,7 +126,53 @@ def run(quick: bool) -> list[Metric]:
             runs,
             detail={"runs": rows, "kinds": list(kinds), "no_dread": unavailable_reason()},
         ),
+        launcher_line(),
     ]
+
+
+def launcher_line() -> Metric:
+    """``culprit_line``: one real launcher, its ranks outliving SIGTERM (see the top)."""
+    with tempfile.TemporaryDirectory(prefix="bench-culprit-line-") as tmp:
+        work = pathlib.Path(tmp)
+        (work / "out").mkdir()
+        journal = work / "journal.jsonl"
+        argv = [
+            sys.executable, "-m", "nvrx.launcher", "--standalone", "--nproc-per-node", "2",
+            "--max-restarts", "0", "--monitor-interval", "0.1",
+            "--ft-initial-rank-heartbeat-timeout", "120", "--ft-rank-heartbeat-timeout", "4",
+            "--ft-journal", str(journal), "--redirects", "3", "--log-dir", str(work / "logs"),
+            str(_TRAIN), "--out", str(work / "out"), "--steps", "8", "--fault", "sleep:1:4",
+            "--ignore-sigterm",
+        ]  # fmt: skip
+        launched = start_launcher(argv, work / "launcher.log")
+        try:
+            launched.proc.wait(180)
+        except subprocess.TimeoutExpired:
+            pass
+        finally:
+            reap([launched])
+        records = read_jsonl(journal)
+    reports = [r for r in records if r["event"] == RankTerminatedByMonitor.EVENT]
+    found = [r for r in records if r["event"] == HangAttributed.EVENT]
+    failed = [r for r in records if r["event"] == RankFailed.EVENT]
+    if not reports or not found or not failed:
+        raise RuntimeError(f"culprit_line: no hang attributed in {len(records)} records")
+    detected = min(r["last_activity_wall"] + r["last_activity_s"] for r in reports)
+    line_s = found[0]["t"] - detected
+    return Metric(
+        AREA,
+        "culprit_line",
+        round(line_s, 3),
+        "s",
+        1,
+        target=DECIDED_TARGET_S,
+        detail={
+            "exit_s": round(failed[0]["t"] - detected, 3),
+            "grace_period_s": 5.0,
+            "culprit": found[0]["culprit"],
+            "sentence": found[0]["sentence"],
+        },
+    )
 
 
 def hang_runs(
@@ -158,6 +223,9 @@ def main() -> int:
         "--kinds", default=None, help="comma-separated hang kinds (default: all this machine can)"
     )
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+    parser.add_argument(
+        "--line", action="store_true", help="also measure culprit_line (one real launcher)"
+    )
     args = parser.parse_args()
     kinds = default_kinds() if args.kinds is None else tuple(k for k in args.kinds.split(",") if k)
     unknown = sorted(set(kinds) - set(KINDS))
@@ -170,6 +238,10 @@ def main() -> int:
     keys = ("right", "undecided", "wrong", "collective_wrong")
     summary: dict[str, Any] = {k: counts[k] for k in keys} | {"runs": runs}
     summary["decided_s_max"] = max(float(r["decided_s"]) for r in rows) if rows else None
+    if args.line:
+        line = launcher_line()
+        summary["culprit_line_s"] = line.value
+        summary["culprit_line_exit_s"] = line.detail["exit_s"]
     print(json.dumps(summary) if args.json else f"summary: {summary}")
     return 1 if counts["wrong"] or counts["collective_wrong"] else 0
 

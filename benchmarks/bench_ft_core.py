@@ -33,8 +33,8 @@ from nvrx.ft import (
     RankMonitorClient,
     RankMonitorServer,
     create_runtime_dir,
-    parse_monitor_event,
 )
+from nvrx.ft._events import RankTerminated, parse_event
 
 AREA = "ft_core"
 _HUNG_RANK = """
@@ -149,8 +149,9 @@ def _detection_latency(runtime: pathlib.Path, quick: bool) -> Metric:
                 assert rank.stdout is not None
                 last_hb_ns = int(rank.stdout.readline())
                 while True:
-                    event = parse_monitor_event(events.recv(65536))
-                    if event.event == "rank_terminated" and event.pid == rank.pid:
+                    received = parse_event(events.recv(65536))
+                    if isinstance(received, RankTerminated) and received.pid == rank.pid:
+                        event = received
                         break
                 assert event.observed_s is not None
                 assert event.limit_s is not None

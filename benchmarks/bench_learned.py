@@ -31,8 +31,8 @@ from nvrx.ft import (
     RankMonitorClient,
     RankMonitorServer,
     create_runtime_dir,
-    parse_monitor_event,
 )
+from nvrx.ft._events import RankTerminated, parse_event
 
 AREA = "learned"
 STEP_S = 1.0
@@ -92,8 +92,9 @@ def _first_run_detection(runtime: pathlib.Path, quick: bool) -> Metric:
                     raise RuntimeError(f"learned timeouts not active after {steps} steps")
                 learned.append(float(value))
                 while True:
-                    event = parse_monitor_event(events.recv(65536))
-                    if event.event == "rank_terminated" and event.pid == rank.pid:
+                    received = parse_event(events.recv(65536))
+                    if isinstance(received, RankTerminated) and received.pid == rank.pid:
+                        event = received
                         break
                 assert event.observed_s is not None
                 detections.append(event.observed_s)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from nvrx.ft import MonitorEvent, StackSummary
+from nvrx.ft import StackSummary
+from nvrx.ft._events import RankTerminated, encode_event, parse_event
 from nvrx.launcher._culprit import Basis, RankEvidence, find_culprit
 
 pytestmark = pytest.mark.timeout(30)
@@ -110,18 +111,15 @@ def test_first_evidence_of_a_rank_counts() -> None:
 
 @pytest.mark.parametrize("cause", ["gpu_health", "nic_health"])
 def test_health_terminations_are_not_hang_evidence(cause: str) -> None:
-    event = MonitorEvent("rank_terminated", 0, 0, 1, cause=cause, message="x")
+    event = RankTerminated(local_rank=0, rank=0, pid=1, cause=cause, message="x")
     assert RankEvidence.from_event(event) is None
 
 
 def test_evidence_from_a_parsed_event() -> None:
-    from nvrx.ft import parse_monitor_event
-
-    sent = MonitorEvent(
-        "rank_terminated",
-        0,
-        3,
-        99,
+    sent = RankTerminated(
+        local_rank=0,
+        rank=3,
+        pid=99,
         cause="heartbeat_timeout",
         message="m",
         last_activity_s=8.0,
@@ -130,7 +128,9 @@ def test_evidence_from_a_parsed_event() -> None:
         open_sections=("step",),
         stack=USER,
     )
-    got = RankEvidence.from_event(parse_monitor_event(sent.to_bytes()))
+    parsed = parse_event(encode_event(sent))
+    assert isinstance(parsed, RankTerminated)
+    got = RankEvidence.from_event(parsed)
     assert got == RankEvidence(3, "heartbeat_timeout", T0, 8.0, 8.0, USER)
 
 
@@ -169,11 +169,11 @@ def test_a_stopped_rank_decides_even_when_a_peer_left_no_evidence() -> None:
 
 
 def test_the_process_state_comes_from_the_event() -> None:
-    from nvrx.ft import parse_monitor_event
-
-    sent = MonitorEvent(
-        "rank_terminated", 0, 3, 99, cause="heartbeat_timeout", message="m", proc_state="T"
+    sent = RankTerminated(
+        local_rank=0, rank=3, pid=99, cause="heartbeat_timeout", message="m", proc_state="T"
     )
-    got = RankEvidence.from_event(parse_monitor_event(sent.to_bytes()))
+    parsed = parse_event(encode_event(sent))
+    assert isinstance(parsed, RankTerminated)
+    got = RankEvidence.from_event(parsed)
     assert got is not None
     assert got.proc_state == "T"

@@ -11,7 +11,8 @@ import json
 import jsonschema  # type: ignore[import-untyped]
 import pytest
 
-from nvrx.ft import MonitorEvent, StackSummary, parse_monitor_event
+from nvrx.ft import StackSummary
+from nvrx.ft._events import RankTerminated, encode_event, parse_event
 from nvrx.ft._flight import CollectiveState, summarize_trace
 from nvrx.launcher._culprit import Basis, RankEvidence, find_culprit
 from nvrx.launcher._events import HangAttributed
@@ -264,25 +265,25 @@ def test_a_blocked_finding_validates_against_the_journal_schema() -> None:
 
 
 def test_the_collective_state_travels_in_the_monitor_event() -> None:
-    event = MonitorEvent(
-        "rank_terminated",
-        0,
-        3,
-        1234,
+    event = RankTerminated(
+        local_rank=0,
+        rank=3,
+        pid=1234,
         cause="heartbeat_timeout",
         message="hb",
         collective=AR5,
         stack=AR,
     )
-    parsed = parse_monitor_event(event.to_bytes())
+    parsed = parse_event(encode_event(event))
+    assert isinstance(parsed, RankTerminated)
     assert parsed.collective == AR5
     ev = RankEvidence.from_event(parsed)
     assert ev is not None
     assert ev.collective == AR5
-    bad = json.loads(event.to_bytes())
+    bad = json.loads(encode_event(event))
     bad["collective"]["seq"] = "five"
     with pytest.raises(ValueError, match="seq"):
-        parse_monitor_event(json.dumps(bad).encode())
+        parse_event(json.dumps(bad).encode())
 
 
 def _entry(rid: int, name: str, seq: int, retired: bool, **extra: object) -> dict[str, object]:

@@ -26,9 +26,8 @@ from nvrx.ft import (
     MonitorProcess,
     RankMonitorServer,
     create_runtime_dir,
-    parse_monitor_event,
 )
-from nvrx.ft._events import MAX_EVENT_BYTES
+from nvrx.ft._events import MAX_EVENT_BYTES, RankTerminated, parse_event
 from nvrx.launcher._culprit import Basis, CulpritFinding, RankEvidence, find_culprit
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
@@ -183,7 +182,8 @@ def _run_hang(
                 data = events.recv(MAX_EVENT_BYTES)
             except TimeoutError:
                 continue
-            found = RankEvidence.from_event(parse_monitor_event(data))
+            event = parse_event(data)
+            found = RankEvidence.from_event(event) if isinstance(event, RankTerminated) else None
             if found is not None:
                 evidence.setdefault(found.rank, found)
                 last = time.monotonic()

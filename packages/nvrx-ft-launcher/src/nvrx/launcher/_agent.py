@@ -12,8 +12,8 @@ process management, and replaces the run loop so that:
 
 The agent is torch's glue plus calls: what ends a cycle is :func:`._cycle_end.cycle_end`,
 applying the decision is :func:`._apply_decision.apply_decision`, the exit barrier
-:func:`._exit_barrier.await_other_nodes`, the hang evidence wait
-:func:`._hang_wait.await_hang_evidence` (see docs/design/launcher-internals.md).
+:func:`._exit_barrier.await_other_nodes`, the hang's attribution as soon as its evidence
+is in and the wait for it :mod:`._hang_wait` (see docs/design/launcher-internals.md).
 """
 
 from __future__ import annotations
@@ -48,13 +48,14 @@ from ._cluster_steps import ClusterSteps
 from ._coordination import Decision, JobCoordinator, JobState
 from ._cycle_decisions import decider, end_trigger
 from ._cycle_end import End, Seen, Workers, cycle_end
+from ._cycle_start import CycleStart
 from ._cycle_state import CycleState
 from ._deterministic import RepeatWatch
-from ._events import AllNodesFinished, Recorder, StoreValueIgnored, WorkersStarted
+from ._events import AllNodesFinished, Recorder, StoreValueIgnored
 from ._exit_barrier import await_other_nodes
 from ._failure_report import name_crashes, report_failures
 from ._goodput_feed import GoodputFeed
-from ._hang_wait import await_hang_evidence
+from ._hang_wait import attribute_when_in, await_hang_evidence, tick_wait_s
 from ._job_key import KEY_ENV, KEY_FILE_ENV, load_job_key
 from ._launcher_exit import LauncherExit
 from ._local_ckpt import RestoreWatch
@@ -62,7 +63,7 @@ from ._log_lines import log_line
 from ._monitors import MonitorSupervisor
 from ._numa import NumaPlan
 from ._policy import RestartPolicy, Trigger
-from ._progress import check_progress_file, read_progress
+from ._progress import check_progress_file
 from ._rank_reports import RankReports
 from ._rendezvous import renew_worker_store
 from ._rendezvous_membership import Membership
@@ -169,7 +170,6 @@ class FtAgent(LocalElasticAgent):
         self._repeats = RepeatWatch()
         self._stopping = False
         self._spares = spares
-        self._cycle_started = False
         # Health checks, GPU memory wait, NUMA record, cycle-info file, aligned ranks.
         self._steps = ClusterSteps(
             cluster or ClusterOptions(),
@@ -203,6 +203,17 @@ class FtAgent(LocalElasticAgent):
             recorder,
             lambda: self._cycle,
             lambda: self._worker_group.spec.local_world_size,
+            restores=self._restores,
+            progress_file=policy.progress_file,
+        )
+        # Each start of the ranks: monitors, the new cycle's state and records.
+        self._cycle_start = CycleStart(
+            monitors=monitors,
+            metrics=metrics,
+            steps=self._steps,
+            straggler=self._straggler,
+            reports=self._reports,
+            recorder=recorder,
             restores=self._restores,
             progress_file=policy.progress_file,
         )
@@ -268,47 +279,10 @@ class FtAgent(LocalElasticAgent):
         compat.set_remaining_restarts(self, spec.max_restarts - self._state.cycle)
 
     def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
-        self._monitors.renew_dead()
-        self._monitors.wait_ready()
-        logger.debug("monitors ready")
-        for local_rank in range(worker_group.spec.local_world_size):
-            self._metrics.monitor_health(local_rank, True)
-        self._steps.before_start(self._state.cycle, restart=self._cycle_started)
-        if self._cycle_started:  # a report the last cycle's rank 0 wrote just before it ended
-            self._straggler.record_new(now=True)
-        self._cycle = CycleState(
-            number=self._state.cycle,
-            started=time.time(),  # wall clock: label
-            progress=read_progress(self._policy.progress_file),
-        )
-        # The new cycle's rank 0 (maybe on another node, in a smaller world) reports anew:
-        # no gauge keeps a score of the last cycle's ranks.
-        self._straggler.start_cycle(self._cycle.number, self._cycle.started)
-        ranks = {w.local_rank: w.global_rank for w in worker_group.workers}
-        world = worker_group.workers[0].world_size if worker_group.workers else 0
-        self._steps.cycle_started(
-            self._cycle.number, self._state.cycle, worker_group.group_rank, world, ranks
-        )
-        self._cycle_started = True
-        if self._restores is not None:
-            self._restores.start_cycle(self._cycle.number, worker_group.spec.local_world_size)
+        self._cycle = self._cycle_start.before(self._state.cycle, worker_group)
         with spare_handlers(self._spares) as handlers:
             worker_ids: dict[int, Any] = super()._start_workers(worker_group)
-        self._reports.rank_pids.new_cycle(worker_ids.values())
-        warm = sorted(h.local_rank_id for h in handlers if h.warm)
-        if warm:
-            logger.info("local ranks %s started from warm spares", warm)
-        self._recorder.record(
-            WorkersStarted(
-                cycle=self._cycle.number,
-                restart_count=self._state.cycle,
-                group_rank=worker_group.group_rank,
-                group_world_size=worker_group.group_world_size,
-                ranks=ranks,
-                pids=worker_ids,
-                warm_local_ranks=warm,
-            )
-        )
+        self._cycle_start.after(self._cycle, worker_group, worker_ids, handlers)
         return worker_ids
 
     def _shutdown(self, death_sig: signal.Signals = signal.SIGTERM, timeout: int = 30) -> None:
@@ -349,7 +323,7 @@ class FtAgent(LocalElasticAgent):
             with self._wakeup:
                 self._initialize_workers(self._worker_group)
                 while True:
-                    self._wakeup.wait(spec.monitor_interval)
+                    self._wakeup.wait(tick_wait_s(self._cycle, spec.monitor_interval))
                     result = self._tick()
                     if result is not None:
                         return result
@@ -412,6 +386,9 @@ class FtAgent(LocalElasticAgent):
         self._cycle.noticed_mono = time.monotonic()
         wg = self._worker_group
         self._reports.handle(self._monitors.drain_events(), noticed)
+        pc = compat.worker_processes(self)
+        if pc is not None:  # the hang named now, not once its ranks have exited
+            attribute_when_in(self._cycle, pc.subprocess_handlers, wg, self._recorder)
         if self._spares is not None:
             self._spares.fill_when_up(self._cycle, wg.spec.local_world_size)
         self._reports.journal_progress()

@@ -46,7 +46,8 @@ import enum
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from nvrx.ft import MonitorEvent, StackSummary
+from nvrx.ft import StackSummary
+from nvrx.ft._events import RankTerminated
 from nvrx.ft._flight import CollectiveState
 
 __all__ = ["DEFAULT_MIN_MARGIN_S", "Basis", "CulpritFinding", "RankEvidence", "find_culprit"]
@@ -84,9 +85,10 @@ class RankEvidence:
     collective: CollectiveState | None = None
 
     @classmethod
-    def from_event(cls, event: MonitorEvent) -> RankEvidence | None:
-        """The evidence in a ``rank_terminated`` hang event; None for other events."""
-        if event.event != "rank_terminated" or event.cause not in _HANG_CAUSES:
+    def from_event(cls, event: RankTerminated) -> RankEvidence | None:
+        """The evidence in a monitor's ``rank_terminated`` event of a hang; None when it
+        terminated the rank for another cause (a failed health check)."""
+        if event.cause not in _HANG_CAUSES:
             return None
         return cls(
             rank=event.rank,

@@ -14,6 +14,8 @@ from collections.abc import Iterable
 from nvrx.ft import WorkloadAction
 from nvrx.ft._events import RankFirstStep, RankTerminated, WorkloadRequest
 
+from ._culprit import CulpritFinding
+
 __all__: list[str] = []
 
 
@@ -42,6 +44,10 @@ class CycleState:
     first_step_recorded: bool = False
     #: Pids of the ranks whose crash was already logged (the moment it was seen).
     crashes_named: set[int] = dataclasses.field(default_factory=set)
+    #: Whether the hang was attributed (``hang_attributed`` journalled, once a cycle),
+    #: and what was found: as soon as the evidence is in, before the ranks exit.
+    hang_attributed: bool = False
+    hang_finding: CulpritFinding | None = None
 
     def note_request(self, event: WorkloadRequest) -> None:
         """Keep a workload control request (the first of each kind) for this cycle."""

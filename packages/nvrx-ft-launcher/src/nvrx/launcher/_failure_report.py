@@ -17,7 +17,6 @@ from typing import Any
 
 from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup
 
-from nvrx.ft import MonitorEvent
 from nvrx.ft._events import RankTerminated
 
 from ._culprit import CulpritFinding, RankEvidence, find_culprit
@@ -55,18 +54,25 @@ def _describe_termination(event: RankTerminated) -> str:
 
 def hang_evidence(cycle: CycleState) -> list[RankEvidence]:
     """The monitors' reports of the cycle's hung ranks, as the culprit rules read them."""
-    found = (RankEvidence.from_event(MonitorEvent.of(e)) for e in cycle.terminated.values())
+    found = (RankEvidence.from_event(e) for e in cycle.terminated.values())
     return [e for e in found if e is not None]
 
 
 def attribute_hang(cycle: CycleState, wg: WorkerGroup, recorder: Recorder) -> CulpritFinding | None:
-    """Name the hung rank of this cycle (or say why not); journaled and logged once."""
+    """Name the hung rank of this cycle (or say why not); journaled and logged once.
+
+    The first call with evidence decides (:mod:`._hang_wait` calls it as soon as the
+    evidence is in, before the ranks exit); later calls return that finding.
+    """
+    if cycle.hang_attributed:
+        return cycle.hang_finding
     evidence = hang_evidence(cycle)
     if not evidence:
         return None
     world = wg.workers[0].world_size if wg.workers else None
     single_node = world is not None and wg.spec.local_world_size == world
     finding = find_culprit(evidence, world_size=world if single_node else None)
+    cycle.hang_attributed, cycle.hang_finding = True, finding
     recorder.record(HangAttributed(cycle=cycle.number, **finding.to_json()))
     return finding
 
