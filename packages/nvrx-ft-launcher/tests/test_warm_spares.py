@@ -11,6 +11,7 @@ import subprocess
 import sys
 from collections.abc import Callable, Iterator
 
+import psutil
 import pytest
 from launcher_testkit import (  # type: ignore[import-not-found]
     Launcher,
@@ -26,6 +27,14 @@ Start = Callable[..., Launcher]
 StartSpare = Callable[..., tuple["subprocess.Popen[bytes]", socket.socket]]
 PY = sys.executable
 SPARE = "_warm_spare.py"  # in the command line of every spare
+#: ... and of each spare's guard (the exec shim's detached copy, which the launcher, a
+#: subreaper, adopts), whose command line starts with the shim.
+GUARD = "_worker_exec.py"
+
+
+def _spares(launcher: Launcher) -> list[psutil.Process]:
+    """The launcher's warm spares, not their guards."""
+    return [p for p in launcher.running(SPARE) if GUARD not in " ".join(p.cmdline())]
 
 
 @pytest.mark.parametrize(
@@ -178,15 +187,15 @@ def test_spares_are_stopped_on_success_and_die_with_a_killed_launcher(
         ["--nproc-per-node", "2", "--warm-spares"], ["--steps", "40", "--step-time", "0.1"],
         name="finished",
     )  # fmt: skip
-    wait_for(lambda: len(finished.running(SPARE)) == 2, timeout=60, what="two warm spares")
-    spares = finished.running(SPARE)
+    wait_for(lambda: len(_spares(finished)) == 2, timeout=60, what="two warm spares")
+    spares = finished.running(SPARE)  # and their guards: all must go
     assert finished.wait() == ExitCode.SUCCESS, finished.log()
     assert all_gone(spares)
 
     killed = start_launcher(
         ["--nproc-per-node", "2", "--warm-spares"], ["--steps", "100000"], name="killed"
     )
-    wait_for(lambda: len(killed.running(SPARE)) == 2, timeout=60, what="two warm spares")
+    wait_for(lambda: len(_spares(killed)) == 2, timeout=60, what="two warm spares")
     spares = killed.running(SPARE)
     killed.proc.send_signal(signal.SIGKILL)
     killed.wait(30)
