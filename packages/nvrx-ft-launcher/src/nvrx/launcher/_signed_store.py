@@ -15,7 +15,9 @@ reported through a hook, the journal's ``store_value_ignored``), and otherwise t
 as absent. Users: :mod:`._coordination` (decisions, the ``state`` hint, goodput
 timelines), :mod:`._group_rank` (each node's key and the round's group ranks),
 :mod:`._segment_gate` (places, open markers, results, the last round) and
-:mod:`._run_nonce` (the run's nonce record, signed over the run id alone).
+:mod:`._run_nonce` (the run's nonce record, signed over the run id alone) with
+:mod:`._nonce_liveness` (a newcomer's challenges, signed over the run id; the answers,
+signed over the signed run of the nonce they vouch for).
 """
 
 from __future__ import annotations
