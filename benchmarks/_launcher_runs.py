@@ -132,16 +132,25 @@ def reap(launched: Sequence[Launched], *, grace: float = 30.0) -> None:
         item.close_log()
 
 
+def is_spare(argv: list[str]) -> bool:
+    """A warm spare's argv, not its guard's (which runs the exec shim)."""
+    return any(a.endswith("_warm_spare.py") for a in argv) and not any(
+        a.endswith("_worker_exec.py") for a in argv
+    )
+
+
 def spares_idle(launcher: int, ranks: set[int], count: int) -> bool:
     """True when the launcher has ``count`` warm spares and all wait (imports done).
 
-    Ranks started from spares run the spare program too: ``ranks`` are their pids.
+    Ranks started from spares run the spare program too: ``ranks`` are their pids. Each
+    spare's guard (the exec shim's detached copy, re-parented to the launcher, its
+    subreaper) names the spare program in its argv too, after ``_worker_exec.py``.
     """
     try:
         spares = [
             p
             for p in psutil.Process(launcher).children()
-            if p.pid not in ranks and "_warm_spare.py" in " ".join(p.cmdline())
+            if p.pid not in ranks and is_spare(p.cmdline())
         ]
         if len(spares) != count:
             return False

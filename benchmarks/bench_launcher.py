@@ -30,9 +30,8 @@ import tempfile
 import time
 from typing import Any
 
-import psutil
 from _common import Metric
-from _launcher_runs import bench_env, read_jsonl, wait_for
+from _launcher_runs import bench_env, read_jsonl, spares_idle, wait_for
 from torch._C._distributed_c10d import TCPStore
 
 __all__ = ["run"]
@@ -73,36 +72,6 @@ def _first_step(out: pathlib.Path, cycle: int) -> float | None:
     return max(steps) if len(steps) >= 2 else None
 
 
-def _is_spare(argv: list[str]) -> bool:
-    """A warm spare's argv, not its guard's (which runs the exec shim)."""
-    return any(a.endswith("_warm_spare.py") for a in argv) and not any(
-        a.endswith("_worker_exec.py") for a in argv
-    )
-
-
-def _spares_idle(launcher: int, ranks: set[int]) -> bool:
-    """True when the launcher has 2 warm spares and both wait (imports done).
-
-    Ranks started from spares run the spare program too: ``ranks`` are their pids. Each
-    spare's guard (the exec shim's detached copy, re-parented to the launcher, its
-    subreaper) names the spare program in its argv too, after ``_worker_exec.py``.
-    """
-    try:
-        spares = [
-            p
-            for p in psutil.Process(launcher).children()
-            if p.pid not in ranks and _is_spare(p.cmdline())
-        ]
-        if len(spares) != 2:
-            return False
-        before = [sum(p.cpu_times()[:2]) for p in spares]
-        time.sleep(0.3)
-        after = [sum(p.cpu_times()[:2]) for p in spares]
-    except psutil.Error:
-        return False
-    return before == after
-
-
 def _restart_job(
     workdir: pathlib.Path, fault: str, restarts: int, *, warm: bool = False
 ) -> tuple[list[dict[str, float]], str]:
@@ -128,7 +97,9 @@ def _restart_job(
             time.sleep(0.3)  # a few steps, so the heartbeat timeout is armed
             if warm:
                 ranks = {e["pid"] for e in _events(out) if e["event"] == "start"}
-                wait_for(functools.partial(_spares_idle, proc.pid, ranks), 120, "idle warm spares")
+                wait_for(
+                    functools.partial(spares_idle, proc.pid, ranks, 2), 120, "idle warm spares"
+                )
             pid = next(
                 e["pid"]
                 for e in _events(out)
