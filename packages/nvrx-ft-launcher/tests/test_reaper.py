@@ -134,11 +134,11 @@ def _rank_orphan(run_id: str, restart_count: str) -> int:
 @pytest.mark.timeout(60)
 def test_a_cycle_end_kills_what_its_ranks_left_and_nothing_else() -> None:
     reaper = Reaper()
-    mine = _rank_orphan("job-a", "0")
-    grandchild = next(iter(_children(mine)))
-    other_run = _rank_orphan("job-b", "0")
-    unmarked = _orphan()
-    try:
+    try:  # the daemons start inside: close() ends them even if one fails to start
+        mine = _rank_orphan("job-a", "0")
+        grandchild = next(iter(_children(mine)))
+        other_run = _rank_orphan("job-b", "0")
+        unmarked = _orphan()
         leftovers = _reaper.RankLeftovers("job-a")
         leftovers(
             WorkersStarted(
