@@ -32,6 +32,7 @@ from nvrx.ft.checkpointing.local._contract import (
     RestoreSource,
     write_restore_record,
 )
+from nvrx.ft.checkpointing.local._crc import crc32
 from nvrx.ft.checkpointing.local._replicator import Replicator
 from nvrx.ft.checkpointing.local._store import Held, NoSpace, Store
 from nvrx.ft.checkpointing.local._writer import Writer
@@ -350,7 +351,7 @@ class Engine:
         # One CRC32 per tensor, looped in C: between two checksums (each releases the
         # GIL over more than 5 KiB) this thread holds the GIL for a slice, not for
         # Python bytecode.
-        crcs = list(map(zlib.crc32, map(view.__getitem__, lay.spans)))
+        crcs = list(map(crc32, map(view.__getitem__, lay.spans)))
         manifest = _format.join_manifest(head, tree_json, lay.frame, crcs)
         data_end = lay.data_end
         total = data_end + len(manifest)
@@ -364,7 +365,7 @@ class Engine:
             data_len=data_end - _format.PREAMBLE_SIZE,
             manifest_off=data_end,
             manifest_len=len(manifest),
-            manifest_crc=zlib.crc32(manifest),
+            manifest_crc=crc32(manifest),
             total_len=total,
         )
         view[: _format.PREAMBLE_SIZE] = _format.encode_preamble(pre)
@@ -508,7 +509,7 @@ class Engine:
 
     def _verified_holdings(self) -> list[_Valid]:
         """Every held snapshot that checks out completely; checked in parallel threads
-        (zlib's CRC32 releases the GIL), a bad one is one warning."""
+        (the CRC32 releases the GIL), a bad one is one warning."""
         held: list[Held] = [h for h in self.store.held() if 0 <= h.owner < self.world_size]
 
         def check(h: Held) -> _Valid | None:

@@ -20,10 +20,11 @@ import itertools
 import json
 import math
 import struct
-import zlib
 from typing import Any
 
 import torch
+
+from nvrx.ft.checkpointing.local._crc import crc32
 
 __all__: list[str] = []
 
@@ -211,7 +212,7 @@ def encode_preamble(pre: Preamble) -> bytes:
         pre.manifest_crc,
         pre.total_len,
     )
-    raw = body + _CRC.pack(zlib.crc32(body))
+    raw = body + _CRC.pack(crc32(body))
     return raw + b"\x00" * (PREAMBLE_SIZE - len(raw))
 
 
@@ -224,7 +225,7 @@ def parse_preamble(buf: memoryview | bytes) -> Preamble:
     magic, version, it, owner, world, data_len, m_off, m_len, m_crc, total = _PRE.unpack(body)
     if magic != MAGIC:
         raise SnapshotError("no snapshot preamble (never completed, or not a snapshot)")
-    if zlib.crc32(body) != crc:
+    if crc32(body) != crc:
         raise SnapshotError("preamble checksum does not match")
     if version != FORMAT_VERSION:
         raise SnapshotError(f"format version {version}, this nvrx reads {FORMAT_VERSION}")
@@ -250,7 +251,7 @@ def parse(
     if len(buf) < pre.total_len:
         raise SnapshotError(f"truncated: {len(buf)} bytes of {pre.total_len}")
     raw = buf[pre.manifest_off : pre.manifest_off + pre.manifest_len]
-    if zlib.crc32(raw) != pre.manifest_crc:
+    if crc32(raw) != pre.manifest_crc:
         raise SnapshotError("manifest checksum does not match")
     try:
         doc = json.loads(bytes(raw).decode("utf-8"))
@@ -263,7 +264,7 @@ def parse(
         raise SnapshotError(f"snapshot of a world of {man.world_size}, this one is {world_size}")
     if verify_tensors:
         for i, e in enumerate(man.tensors):
-            if zlib.crc32(buf[e.offset : e.offset + e.nbytes]) != e.crc:
+            if crc32(buf[e.offset : e.offset + e.nbytes]) != e.crc:
                 raise SnapshotError(f"tensor {i} checksum does not match")
     return pre, man
 

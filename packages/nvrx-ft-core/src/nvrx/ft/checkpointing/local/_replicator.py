@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from nvrx.ft.checkpointing.local import _format
+from nvrx.ft.checkpointing.local._background import lower_this_thread
 from nvrx.ft.checkpointing.local._store import Store
 
 __all__: list[str] = []
@@ -99,6 +100,7 @@ class Replicator:
             self._threads.append(t)
 
     def _receive_loop(self, owner: int) -> None:
+        lower_this_thread()
         while True:
             header = torch.zeros(2, dtype=torch.int64)
             try:

@@ -1,5 +1,7 @@
 """The background thread that finishes saves (checksums, manifest, preamble, replication).
 
+It runs at a lower priority than the training (``_background``).
+
 One daemon thread runs submitted jobs in order. A job never raises out of the thread:
 its exception is logged once per kind and the job counts as failed. ``wait`` waits
 for the last submitted job.
@@ -15,6 +17,8 @@ import logging
 import queue
 import threading
 from collections.abc import Callable
+
+from nvrx.ft.checkpointing.local._background import lower_this_thread
 
 __all__: list[str] = []
 
@@ -53,6 +57,7 @@ class Writer:
         return not self._thread.is_alive()
 
     def _run(self) -> None:
+        lower_this_thread()
         while True:
             job = self._jobs.get()
             if job is None:
