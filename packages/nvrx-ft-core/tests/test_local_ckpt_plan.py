@@ -50,10 +50,17 @@ def _plan(state: Mapping[str, Any]) -> Plan:
     return plan
 
 
+def _accepts(plan: Plan, state: Mapping[str, Any]) -> bool:
+    """Whether the plan takes ``state``: its structure (match) and its tensors' metadata
+    (same_tensor_meta, which the engine checks on the writer thread)."""
+    got = plan.match(state)
+    return got is not None and plan.same_tensor_meta(got[0])
+
+
 def _same_as_full(plan: Plan, state: Mapping[str, Any], key: list[_tree.TensorKey]) -> bool:
     """Whether the plan accepted ``state``; if it did, it gave what the full walk gives."""
     got = plan.match(state)
-    if got is None:
+    if got is None or not plan.same_tensor_meta(got[0]):
         return False
     tensors, tree_json, new_key = _full(state)
     assert new_key == key  # the layout the plan stands for still holds
@@ -189,7 +196,7 @@ def test_plan_follows_or_steps_aside(change: Any, hit: bool) -> None:
     try:
         _tree.flatten_for_save(state)
     except TypeError:
-        assert plan.match(state) is None
+        assert not _accepts(plan, state)
         return
     assert _same_as_full(plan, state, key) is hit
 
@@ -245,7 +252,7 @@ def test_a_mutable_leaf_is_never_planned() -> None:
     tensors, tree_json, _ = _full(state)
     assert Plan.of(state, tensors, tree_json) is None
     plan = _plan({"w": torch.ones(2), "b": b"ab"})
-    assert plan.match(state) is None  # bytes -> bytearray: walked in full
+    assert not _accepts(plan, state)  # bytes -> bytearray: walked in full
 
 
 def test_tensor_changed_in_place_is_seen() -> None:
@@ -358,7 +365,7 @@ def test_plan_matches_only_what_the_full_walk_gives() -> None:
         try:
             new_key = _full(second)[2]
         except TypeError:
-            assert plan.match(second) is None
+            assert not _accepts(plan, second)
             return
         hit = _same_as_full(plan, second, key)
         outcomes["hit" if hit else "miss"] += 1
@@ -482,3 +489,28 @@ def test_a_change_that_cannot_be_kept_skips_like_a_first_save(
     assert lc.wait(30)
     lc.close()
     _assert_same({"w": torch.full((4, 4), 5.0), "n": 1}, _restored(node_dir))
+
+
+def test_a_tensor_that_still_broadcasts_into_its_place_drops_only_that_snapshot(
+    node_dir: pathlib.Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The plan reads shapes on the writer thread, after the copy: a tensor shrunk to a
+    # shape that broadcasts into its planned place copies without an error, so that
+    # snapshot is dropped there; the next save walks the state and keeps the new shape.
+    lc = LocalCheckpoints(LocalCkptSettings(node_dir=node_dir, job_id="plan"))
+    w = torch.arange(12.0).reshape(3, 4)
+    state: dict[str, Any] = {"w": w, "step": 0}
+    assert lc.save(0, state)  # walked in full and planned
+    assert lc.wait(30)
+    w.resize_(1, 4)  # the same object and dtype
+    with caplog.at_level(logging.WARNING, logger="nvrx.ft.local_checkpoint"):
+        assert lc.save(1, state)
+        assert lc.wait(30)
+    assert "snapshot of iteration 1 is dropped" in caplog.text
+    assert _restored(node_dir)["w"].shape == (3, 4)  # iteration 0, still the newest
+    state["step"] = 2
+    assert lc.save(2, state)
+    assert lc.wait(30)
+    lc.close()
+    _assert_canonical_manifest(node_dir, 2)
+    _assert_same({"w": torch.arange(4.0).reshape(1, 4), "step": 2}, _restored(node_dir))

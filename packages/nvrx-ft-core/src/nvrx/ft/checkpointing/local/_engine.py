@@ -46,6 +46,11 @@ COMM_TIMEOUT_S = 300.0
 _RESTORE_TAG = 41
 
 
+class _TensorsChanged(RuntimeError):
+    """A saved tensor's metadata no longer matched the plan the save used (its own
+    kind: the writer warns once per kind)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Restored:
     """What the engine restored (the API turns it into its RestoreResult)."""
@@ -254,7 +259,7 @@ class Engine:
                 iteration,
             )
             return False
-        tensors, tree_json, lay = self._walk(state)
+        tensors, tree_json, lay, unchecked = self._walk(state)
         wall = time.time()  # wall clock: label
         head = _format.manifest_head(self._head_prefix, iteration, wall)
         bound = _format.manifest_bound(head, tree_json, lay.parts_len)
@@ -269,22 +274,49 @@ class Engine:
             self.skipped += 1
             self._warn("oserror", "local checkpoint of iteration %d skipped: %s", iteration, exc)
             return False
-        if lay.cpu:
-            srcs = tensors if lay.all_cpu else [tensors[i] for i in lay.cpu]
-            with torch.no_grad():
-                torch._foreach_copy_(lay.views_in(slot_idx, slot.mm), srcs)
-        event: Any = None
-        if lay.cuda:
-            event = self._copy_from_devices(tensors, lay.entries, lay.data_end)
-        self.writer.submit(lambda: self._finish(slot_idx, iteration, head, tree_json, lay, event))
+        try:
+            event = self._copy(tensors, lay, slot_idx, slot.mm)
+        except Exception:
+            if unchecked is None:
+                raise
+            # A tensor no longer fits the last save's plan (its size, type or device
+            # changed): walk the state in full and copy again, into the same slot.
+            self._drop_plan(unchecked)
+            return self._save(iteration, state)
+        self.writer.submit(
+            lambda: self._finish(
+                slot_idx, iteration, head, tree_json, lay, event, unchecked, tensors
+            )
+        )
         self.last_saved = iteration
         self.saves += 1
         return True
 
-    def _walk(self, state: Mapping[str, Any]) -> tuple[list[torch.Tensor], str, _Layout]:
-        """The state's tensors, its tree's JSON and their layout: checked against the
-        last state's plan when there is one, else walked in full (TypeError on what
-        cannot be kept) and planned for the next save.
+    def _copy(self, tensors: list[torch.Tensor], lay: _Layout, slot_idx: int, mm: mmap.mmap) -> Any:
+        """Copy the CPU tensors into the slot now, start the device ones; their event."""
+        if lay.cpu:
+            srcs = tensors if lay.all_cpu else [tensors[i] for i in lay.cpu]
+            with torch.no_grad():
+                torch._foreach_copy_(lay.views_in(slot_idx, mm), srcs)
+        if lay.cuda:
+            return self._copy_from_devices(tensors, lay.entries, lay.data_end)
+        return None
+
+    def _walk(
+        self, state: Mapping[str, Any]
+    ) -> tuple[list[torch.Tensor], str, _Layout, _plan.Plan | None]:
+        """The state's tensors, its tree's JSON, their layout, and the plan whose
+        tensor metadata check is still to come (None after a full walk).
+
+        With a plan of the last state, only the structure and the tensors' dtypes
+        are checked here: reading every tensor's shape, device and layout too costs
+        about 0.6 us a tensor on a freshly made state dict (0.7 ms for an AdamW state
+        of 1200 tensors), so the writer thread checks them after the copy
+        (:meth:`_finish`). A tensor whose shape no longer fits its place makes the
+        copy raise, and this save walks in full; one that still broadcasts into it
+        (a smaller shape), or one on another device, has its snapshot dropped there
+        and the next save walks in full. Without a plan the state is walked in full
+        (TypeError on what cannot be kept) and planned for the next save.
 
         A state whose structure keeps changing is planned again after 1, 2, 4, 8...
         misses, so that making plans that never match costs it next to nothing."""
@@ -292,8 +324,7 @@ class Engine:
         if plan is not None and lay is not None:
             got = plan.match(state)
             if got is not None:
-                self._plan_misses = 0
-                return got[0], got[1], lay
+                return got[0], got[1], lay, plan
             self._plan = None
         tree, tensors, key = _tree.flatten_for_save(state)
         if lay is None or lay.key != key:
@@ -302,7 +333,12 @@ class Engine:
         self._plan_misses += 1
         if not self._plan_misses & (self._plan_misses - 1):
             self._plan = _plan.Plan.of(state, tensors, tree_json)
-        return tensors, tree_json, lay
+        return tensors, tree_json, lay, None
+
+    def _drop_plan(self, plan: _plan.Plan) -> None:
+        """The next save walks the state in full (``plan`` no longer fits it)."""
+        if self._plan is plan:
+            self._plan = None
 
     def _copy_from_devices(
         self, tensors: list[torch.Tensor], entries: list[_format.TensorEntry], size: int
@@ -337,8 +373,21 @@ class Engine:
         tree_json: str,
         lay: _Layout,
         event: Any,
+        unchecked: _plan.Plan | None,
+        tensors: list[torch.Tensor],
     ) -> None:
-        """On the writer thread: checksums, manifest, preamble (last), replication."""
+        """On the writer thread: the tensors' metadata against the plan (when the save
+        used one), checksums, manifest, preamble (last), replication."""
+        if unchecked is not None:
+            if not unchecked.same_tensor_meta(tensors):
+                self._drop_plan(unchecked)
+                raise _TensorsChanged(
+                    f"the snapshot of iteration {iteration} is dropped: a tensor of the state"
+                    " changed its size, type or device since the last save (the next save"
+                    " walks the state again)"
+                )
+            self._plan_misses = 0
+        del tensors  # not kept alive by this job any longer than the check
         slot = self.store.mapped(self.rank, slot_idx)
         assert slot is not None
         view = slot.view()

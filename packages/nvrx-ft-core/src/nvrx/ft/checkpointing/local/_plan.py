@@ -10,6 +10,8 @@ tensors' values and a few plain values (the step, a learning rate) change. A
 spliced from constant pieces and the plain values' JSON: byte for byte what
 :func:`_tree.flatten_for_save` and :func:`_format.encode_tree` give for that state.
 On any difference it returns None and the caller walks the state in full.
+:meth:`Plan.same_tensor_meta` checks the rest of the tensors' metadata (all but the
+dtype) apart, so that the engine can do it off the training thread.
 
 A plan holds no tensor and no container of the state (only keys, types, tensor
 metadata and the last save's plain values), so it keeps no memory of the training
@@ -39,6 +41,7 @@ _SEQ_KIND: dict[Any, str] = {list: "l", tuple: "t"}
 _SEP = (",", ":")
 _CPU_META = attrgetter("dtype", "shape", "is_cpu", "layout")
 _DEVICE_META = attrgetter("dtype", "shape", "device", "layout")
+_DTYPE = attrgetter("dtype")
 _encode_str: Callable[[str], str] = json.encoder.encode_basestring_ascii
 
 # What a node's children are, in runs: (_RUN, i, j): tensors i..j-1; (_LEAF, i, j):
@@ -177,6 +180,7 @@ class Plan:
         self._root = root
         self._frags = frags  # the tree's JSON between the leaves: one more than leaves
         self._meta = meta
+        self._dtypes = [m[0] for m in meta]
         self._get_meta = _DEVICE_META if on_devices else _CPU_META
         self._leaves: list[Any] = []  # the last state's leaves,
         self._leaf_types: list[type] = []  # their types,
@@ -292,18 +296,29 @@ class Plan:
         self._leaves, self._leaf_types, self._leaf_json, self._json = leaves, types, enc, out
         return out
 
-    def match(self, state: Mapping[str, Any]) -> tuple[list[torch.Tensor], str] | None:
-        """The tensors and the tree JSON of ``state`` if it has this plan's structure
-        and tensor metadata, else None.
+    def match(self, state: Mapping[str, Any]) -> tuple[list[Any], str] | None:
+        """The values at the tensors' places and the tree JSON of ``state`` if it has
+        this plan's structure and its tensors' dtypes, else None.
 
-        The tensors are not type-checked one by one: a value that is not a tensor
-        has no ``dtype``, ``shape``, ``is_cpu`` and ``layout`` equal to a tensor's."""
+        The rest of the tensors' metadata (shape, device, layout) is
+        :meth:`same_tensor_meta`'s to check. A dtype change must be seen here: a copy
+        into the planned place would cast without a word, while a shape that no
+        longer fits makes it raise."""
         tensors: list[Any] = []
         leaves: list[Any] = []
         try:
             _match(self._root, state, tensors, leaves)
-            if list(map(self._get_meta, tensors)) != self._meta:
+            if list(map(_DTYPE, tensors)) != self._dtypes:
                 return None
             return tensors, self._tree_json(leaves)
         except Exception:  # _Mismatch, or a value that is not what it was
             return None
+
+    def same_tensor_meta(self, tensors: list[Any]) -> bool:
+        """Whether ``tensors`` (from :meth:`match`) have the planned dtype, shape,
+        device and layout, in order. A value that is not a tensor has no ``dtype``,
+        ``shape``, ``is_cpu`` and ``layout`` equal to a tensor's."""
+        try:
+            return list(map(self._get_meta, tensors)) == self._meta
+        except Exception:  # a value without those attributes
+            return False
