@@ -409,7 +409,7 @@ def run(quick: bool) -> list[Metric]:
     metrics.append(_save_call_adamw(300, 5 if quick else 15))
     # Many short rounds: a round's blocks see the same load, the median drops the others.
     metrics.extend(_step_loop(*((2, 3) if quick else (16, 3))))
-    metrics.extend(_step_loop(*((2, 3) if quick else (12, 3)), spare_core=True))
+    metrics.extend(_step_loop(*((2, 3) if quick else (16, 3)), spare_core=True))
     metrics.append(_restore_own(3 if quick else 7))
     metrics.extend(_restore_peer(1 if quick else 3))
     return metrics
