@@ -47,6 +47,7 @@ DEVICE_HAS: dict[str, str | None] = {
     "pytest-timeout": "2.4.0",
     "psutil": "7.1.3",
     "jsonschema": None,
+    "isal": None,
     "hatchling": None,
     "editables": None,
     "setuptools": "80.9.0",
@@ -133,7 +134,7 @@ def test_offline_plan_for_the_lent_machine_keeps_its_torch(tmp_path: pathlib.Pat
     commands, notes = _plan(DEVICE_HAS, "13.0", wheels=tmp_path)
     editables = [f"{n} (editable, no dependencies)" for n in gpu_check.PACKAGES]
     assert [c.what for c in commands] == [
-        "cupti-python", "jsonschema", "hatchling", "editables", *editables,
+        "cupti-python", "jsonschema", "isal", "hatchling", "editables", *editables,
     ]  # fmt: skip
     assert _requirement(commands[0]) == "cupti-python~=13.0.0"  # its nvidia-cuda-cupti pin
     for command in commands:  # nothing reaches an index, nothing is required but torch
@@ -142,9 +143,9 @@ def test_offline_plan_for_the_lent_machine_keeps_its_torch(tmp_path: pathlib.Pat
             command.argv[command.argv.index("--no-index") :][:3]
         ), command
         assert not command.required
-    for command in commands[:4]:  # torch stays as it is
+    for command in commands[:5]:  # torch stays as it is
         assert command.argv[command.argv.index("-c") + 1] == "{constraints}"
-    for name, command in zip(gpu_check.PACKAGES, commands[4:], strict=True):
+    for name, command in zip(gpu_check.PACKAGES, commands[5:], strict=True):
         assert "--no-deps" in command.argv
         assert "--no-build-isolation" in command.argv
         assert command.argv[-2:] == ("-e", f"/r/packages/{name}")

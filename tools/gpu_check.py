@@ -61,6 +61,7 @@ EXTRAS: list[tuple[str, str]] = [
     ("pytest-timeout", "pytest-timeout>=2.3"),
     ("psutil", "psutil>=5.9"),
     ("jsonschema", "jsonschema>=4.18"),  # the result is validated when present
+    ("isal", "isal>=1.6"),  # nvrx-ft-core's CRC-32 (installed with --no-deps below)
     # What builds the packages' editable installs without build isolation (offline).
     ("hatchling", "hatchling>=1.27"),
     ("editables", "editables>=0.3"),
@@ -81,6 +82,7 @@ OFFLINE_WHEELS = [
     "jsonschema-specifications",
     "referencing",
     "rpds-py",
+    "isal>=1.6",
 ]
 #: The most one device call carries (its working tree, wheels included).
 CARRY_LIMIT_BYTES = 64 * 1024 * 1024
