@@ -72,3 +72,53 @@ def test_a_directory_others_can_write_is_refused(
     import torch  # noqa: F401  (the server starts only in a process that imported torch)
 
     assert start_trace_server() == f"!{shared} is not a private directory of this user"
+
+
+def test_a_slow_answer_is_waited_for_until_the_fetch_times_out(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # On a loaded host a rank's server may answer after the monitor's stack-dump pause;
+    # the monitor then waits out the fetch's own timeout rather than drop the evidence.
+    import json
+    import tempfile
+    import threading
+    import time
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    pid = 2**22 + 4321  # no such process: only the socket path matters
+    path = trace_socket_path(pid)
+    os.makedirs(os.path.dirname(path), mode=0o700)
+    entry = {
+        "record_id": 7,
+        "profiling_name": "gloo:all_reduce",
+        "process_group": ["0", "default_pg"],
+        "collective_seq_id": 4,
+        "retired": False,
+    }
+    body = json.dumps({"entries": [entry]}).encode()
+    reply = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(2)
+
+    def serve() -> None:
+        for _ in range(2):
+            conn, _ = listener.accept()
+            with conn:
+                conn.recv(4096)
+                time.sleep(0.8)
+                conn.sendall(reply)
+
+    server = threading.Thread(target=serve, daemon=True)
+    server.start()
+    try:
+        want = CollectiveState("all_reduce", "default_pg", 4, True)
+        early = TraceFetch(pid, timeout_s=5.0)
+        assert early.result(0.2) is None  # not yet: a fixed short wait drops it
+        assert early.result() == want  # the answer came within the fetch's timeout
+        started = time.monotonic()
+        assert TraceFetch(pid, timeout_s=5.0).result() == want
+        assert time.monotonic() - started < 4.0  # returned with the answer, not at the timeout
+    finally:
+        listener.close()
+        server.join(5.0)

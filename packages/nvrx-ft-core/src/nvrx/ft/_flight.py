@@ -242,10 +242,12 @@ def fetch_trace(pid: int, timeout_s: float = 1.0) -> bytes | None:
 
 
 class TraceFetch:
-    """Read a rank's flight recorder in a daemon thread (the monitor's loop never waits)."""
+    """Read a rank's flight recorder in a daemon thread (the monitor's loop never waits
+    for it longer than the fetch's own timeout)."""
 
     def __init__(self, pid: int, timeout_s: float = 1.0) -> None:
         self._state: CollectiveState | None = None
+        self._deadline = time.monotonic() + timeout_s
         self._thread = threading.Thread(
             target=self._run, args=(pid, timeout_s), name="nvrx-fr-fetch", daemon=True
         )
@@ -258,7 +260,13 @@ class TraceFetch:
         except Exception:  # evidence is optional: none is an answer
             self._state = None
 
-    def result(self, wait_s: float) -> CollectiveState | None:
-        """The summary, waiting at most ``wait_s`` more; None when not (yet) read."""
-        self._thread.join(max(0.0, wait_s))
+    def result(self, wait_s: float | None = None) -> CollectiveState | None:
+        """The summary, waiting at most ``wait_s`` more (None: until the fetch's own
+        timeout, counted from its start); None when not (yet) read.
+
+        An answer normally comes in milliseconds; on a loaded host a rank's server can
+        take longer than the monitor's pause for the stack dump, and waiting out the
+        fetch's timeout then keeps the evidence instead of dropping it."""
+        left = self._deadline - time.monotonic() if wait_s is None else wait_s
+        self._thread.join(max(0.0, left))
         return None if self._thread.is_alive() else self._state

@@ -67,6 +67,8 @@ __all__ = ["RANK_MONITOR_INIT_TIMEOUT", "MonitorProcess", "RankMonitorServer"]
 
 #: Default seconds :meth:`MonitorProcess.wait_ready` waits for a monitor to come up.
 RANK_MONITOR_INIT_TIMEOUT = 30.0
+#: Seconds a hung rank's flight recorder is read for, from the hang's detection.
+FLIGHT_FETCH_TIMEOUT_S = 1.0
 _NS = 1_000_000_000
 _PARENT_CHECK_NS = _NS // 4
 _UCRED = struct.Struct("3i")
@@ -450,9 +452,10 @@ class RankMonitorServer:
             self._events.send(event)
         else:
             # The event waits for the dump (at most STACK_DUMP_PAUSE_S) to carry its summary
-            # and the rank's flight recorder, read meanwhile (before the rank is signalled).
+            # and the rank's flight recorder, read meanwhile (before the rank is signalled;
+            # a slow answer is waited for until the fetch's own timeout).
             pid = watched.proc.pid
-            flight = TraceFetch(pid)
+            flight = TraceFetch(pid, FLIGHT_FETCH_TIMEOUT_S)
 
             def after_dump() -> None:
                 try:
@@ -460,7 +463,7 @@ class RankMonitorServer:
                 except Exception:  # the evidence is optional; the event is not
                     self.logger.exception("could not summarise rank %d's stack dump", pid)
                     stack = None
-                collective = flight.result(0.2)
+                collective = flight.result()
                 self._events.send(dataclasses.replace(event, stack=stack, collective=collective))
 
         term = Terminator(
