@@ -18,6 +18,7 @@ from nvrx.launcher._signed_store import (
     Rejections,
     SignedStore,
     context,
+    journal_rejections,
     seal,
     unseal,
 )
@@ -97,6 +98,30 @@ def test_a_rejected_value_is_logged_and_reported_once(caplog: pytest.LogCaptureF
     store.set("a", "other garbage")  # another value: said again
     assert signed.read("a", str) is None
     assert len(reported) == 2
+
+
+def test_rejections_without_a_hook_go_to_the_journal_hook() -> None:
+    # The run nonce, group ranks and segment gate read without a hook of their own;
+    # the agent points journal_rejections at its journal.
+    journalled: list[tuple[str, str]] = []
+    own: list[tuple[str, str]] = []
+    store = HashStore()
+    previous = journal_rejections(lambda w, y: journalled.append((w, y)))
+    try:
+        plain = SignedStore(store, KEY, RUN, prefix="n")
+        hooked = SignedStore(
+            store, KEY, RUN, prefix="c", rejections=Rejections(lambda w, y: own.append((w, y)))
+        )
+        store.set("a", "garbage")
+        assert plain.read("a", str) is None
+        assert hooked.read("a", str) is None
+    finally:
+        assert journal_rejections(previous) is not None
+    assert [w for w, _ in journalled] == ["n/a"]
+    assert [w for w, _ in own] == ["c/a"]  # a hook of its own wins
+    store.set("a", "more garbage")
+    assert plain.read("a", str) is None  # no journal hook: logged only
+    assert len(journalled) == 1
 
 
 def test_compare_set_keeps_the_first_value() -> None:

@@ -141,3 +141,36 @@ def test_a_key_file_others_can_read_is_refused(
     assert launcher.wait(60) == ExitCode.USAGE_ERROR, launcher.log()
     assert "owner-only" in launcher.log()
     assert not read_events(launcher.out)  # no rank started
+
+
+@pytest.mark.timeout(180)
+def test_a_forged_run_nonce_record_is_journalled_and_replaced(
+    start_launcher: Start, tmp_path: pathlib.Path
+) -> None:
+    # The store is this test's (as an external store or etcd would be), so the forged
+    # record is there before the launcher's first read of it.
+    key_file = tmp_path / "job.key"
+    key_file.write_text("0123456789abcdef0123456789abcdef\n")
+    key_file.chmod(0o600)
+    port = free_port()
+    store = TCPStore(
+        "127.0.0.1", port, is_master=True, wait_for_workers=False,
+        timeout=datetime.timedelta(seconds=30),
+    )  # fmt: skip
+    record = f"nvrx.launcher.{RUN_ID}/run_nonce/0"  # attempt 0: no SLURM_RESTART_CNT
+    forged = json.dumps({"v": 1, "body": json.dumps({"nonce": "a" * 32}), "mac": "00" * 32})
+    store.set(record, forged)
+    log_dir = tmp_path / "logs"
+    launcher = start_launcher(
+        [*_rdzv(port), "--rdzv-conf", "is_host=false", "--max-restarts", "0",
+         "--log-dir", str(log_dir)],
+        ["--steps", "5", "--no-checkpoint"],
+        env={"NVRX_JOB_KEY_FILE": str(key_file)},
+    )  # fmt: skip
+    assert launcher.wait(150) == ExitCode.SUCCESS, launcher.log()
+    log = launcher.log()
+    assert store.get(record).decode() != forged, log[-3000:]  # replaced by a signed one
+    ignored = [e for e in _journal(log_dir) if e["event"] == "store_value_ignored"]
+    assert [e["key"] for e in ignored] == [record], ignored
+    assert "job's key" in ignored[0]["why"], ignored
+    assert "replacing the run nonce record" in ignored[0]["why"], ignored

@@ -67,6 +67,7 @@ from ._progress import check_progress_file
 from ._rank_reports import RankReports
 from ._rendezvous import renew_worker_store
 from ._rendezvous_membership import Membership
+from ._signed_store import journal_rejections
 from ._spares import SparePool, spare_handlers
 from ._straggler_feed import SCORES_FILE_NAME
 from ._straggler_reports import StragglerReports
@@ -166,6 +167,9 @@ class FtAgent(LocalElasticAgent):
         self._coord: JobCoordinator | None = None
         self._state = JobState()
         self._cycle = CycleState(number=0, started=time.time(), progress=None)  # wall clock: label
+        # Signed values read without a hook of their own (the run nonce, group ranks,
+        # the segment gate) are journalled too; _launch resets it at the end.
+        journal_rejections(self._journal_rejected)
         #: The last failed cycle's deterministic-looking failure (see ._deterministic).
         self._repeats = RepeatWatch()
         self._stopping = False

@@ -45,6 +45,7 @@ from ._numa import NumaPlan, machine_plan, wrap_command
 from ._reaper import RankLeftovers, Reaper
 from ._rendezvous import tune_rendezvous
 from ._run_nonce import stop_answering
+from ._signed_store import journal_rejections
 from ._spares import DEFAULT_PRELOAD, SAFE_FLAGS, SparePool, python_command
 from .exit_codes import ExitCode, exit_code_for_signal
 from .journal import JsonLines
@@ -366,6 +367,7 @@ def launch(options: LaunchOptions, monitors: MonitorSupervisor | None = None) ->
         if monitors is not None:
             monitors.close()
         stop_answering()  # the run nonce's challenges (no thread outlives the launcher)
+        journal_rejections(None)
         reaper.close()
         if node_dir is not None:  # a failed job's is left (the next launcher removes it)
             node_dir.close(succeeded=code == ExitCode.SUCCESS)

@@ -11,9 +11,10 @@ checked but the envelope's shape (as torch's own values).
 
 A value that is not a valid envelope, not signed with the job's key, or whose body its
 reader's parser refuses is *rejected*: logged once per distinct value and key (and
-reported through a hook, the journal's ``store_value_ignored``), and otherwise treated
-as absent. Users: :mod:`._coordination` (decisions, the ``state`` hint, goodput
-timelines), :mod:`._group_rank` (each node's key and the round's group ranks),
+reported through a hook, or :func:`journal_rejections`'s: the journal's
+``store_value_ignored``), and otherwise treated as absent. Users:
+:mod:`._coordination` (decisions, the ``state`` hint, goodput timelines),
+:mod:`._group_rank` (each node's key and the round's group ranks),
 :mod:`._segment_gate` (places, open markers, results, the last round) and
 :mod:`._run_nonce` (the run's nonce record, signed over the run id alone) with
 :mod:`._nonce_liveness` (a newcomer's challenges, signed over the run id; the answers,
@@ -46,6 +47,19 @@ _MAX_REMEMBERED = 1024
 
 #: Called with (store key, why it was ignored) for each value ignored (once per value).
 RejectHook = Callable[[str, str], None]
+
+#: Where rejections without a hook of their own go: the launcher's journal, once its
+#: agent is up (one launcher per process). The run nonce, the group ranks and the
+#: segment gate read signed values without a hook; the coordination has its own.
+_journal_hook: RejectHook | None = None
+
+
+def journal_rejections(hook: RejectHook | None) -> RejectHook | None:
+    """Report rejections that have no hook of their own to ``hook`` (None: only log
+    them); returns the hook it replaces."""
+    global _journal_hook
+    previous, _journal_hook = _journal_hook, hook
+    return previous
 
 
 def context(signed_run: str, name: str) -> str:
@@ -112,8 +126,9 @@ class Rejections:
             why,
             raw[:120],
         )
-        if self._on_reject is not None:
-            self._on_reject(where, why)
+        hook = self._on_reject if self._on_reject is not None else _journal_hook
+        if hook is not None:
+            hook(where, why)
 
 
 class SignedStore:
