@@ -28,7 +28,7 @@ import time
 
 from _common import Metric
 
-AREA = "launcher"
+AREA = "run_nonce"
 KEY = b"k" * 32
 _TIMEOUT = datetime.timedelta(seconds=30)
 _SERVER = """
