@@ -6,10 +6,12 @@ import contextlib
 import json
 import os
 import pathlib
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 
@@ -98,6 +100,17 @@ class Rank:
 
     def output(self) -> str:
         return self.log.read_text(errors="replace")
+
+
+@pytest.fixture
+def node_dir() -> Iterator[pathlib.Path]:
+    """A fresh directory on tmpfs (/dev/shm where there is one), as local checkpoints use."""
+    base = "/dev/shm" if os.path.isdir("/dev/shm") else None
+    path = pathlib.Path(tempfile.mkdtemp(prefix="nvrx-test-lc-", dir=base))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture

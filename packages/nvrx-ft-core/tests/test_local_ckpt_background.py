@@ -5,13 +5,10 @@ from __future__ import annotations
 import os
 import pathlib
 import platform
-import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 import zlib
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -29,16 +26,6 @@ from nvrx.ft.checkpointing.local._background import NICE_INCREMENT
 pytestmark = pytest.mark.timeout(120)
 
 ISAL_DECLARED = sys.platform == "linux" and platform.machine() in ("x86_64", "aarch64")
-
-
-@pytest.fixture
-def node_dir() -> Iterator[pathlib.Path]:
-    base = "/dev/shm" if os.path.isdir("/dev/shm") else None
-    path = pathlib.Path(tempfile.mkdtemp(prefix="nvrx-test-lcbg-", dir=base))
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def _state(seed: int) -> dict[str, object]:

@@ -15,8 +15,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -36,13 +34,9 @@ def free_port() -> int:
 
 
 @pytest.fixture
-def base() -> Iterator[pathlib.Path]:
-    root = "/dev/shm" if os.path.isdir("/dev/shm") else None
-    path = pathlib.Path(tempfile.mkdtemp(prefix="nvrx-test-lcmp-", dir=root))
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
+def base(node_dir: pathlib.Path) -> pathlib.Path:
+    """The job's tmpfs directory (conftest's ``node_dir``); each node's is below it."""
+    return node_dir
 
 
 def run_job(

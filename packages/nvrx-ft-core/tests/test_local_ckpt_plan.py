@@ -12,10 +12,7 @@ import collections
 import json
 import logging
 import math
-import os
 import pathlib
-import shutil
-import tempfile
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -26,16 +23,6 @@ from nvrx.ft.checkpointing.local import LocalCheckpoints, LocalCkptSettings, _fo
 from nvrx.ft.checkpointing.local._plan import Plan
 
 pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture
-def node_dir() -> Iterator[pathlib.Path]:
-    base = "/dev/shm" if os.path.isdir("/dev/shm") else None
-    path = pathlib.Path(tempfile.mkdtemp(prefix="nvrx-test-plan-", dir=base))
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def _full(state: Mapping[str, Any]) -> tuple[list[torch.Tensor], str, list[_tree.TensorKey]]:

@@ -6,9 +6,6 @@ import json
 import logging
 import os
 import pathlib
-import shutil
-import tempfile
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -27,16 +24,6 @@ from nvrx.ft.checkpointing.local import (
 from nvrx.ft.checkpointing.local._contract import read_restore_records
 
 pytestmark = pytest.mark.timeout(60)
-
-
-@pytest.fixture
-def node_dir() -> Iterator[pathlib.Path]:
-    base = "/dev/shm" if os.path.isdir("/dev/shm") else None
-    path = pathlib.Path(tempfile.mkdtemp(prefix="nvrx-test-lc-", dir=base))
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def settings(node_dir: pathlib.Path, **kw: Any) -> LocalCkptSettings:

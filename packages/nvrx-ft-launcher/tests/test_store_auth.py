@@ -65,6 +65,14 @@ def _forge(port: int, cycles: tuple[int, ...]) -> None:
             store.set(f"{prefix}/state", value)
 
 
+def _key_file(tmp_path: pathlib.Path, mode: int) -> pathlib.Path:
+    """A job key file with these permissions."""
+    key_file = tmp_path / "job.key"
+    key_file.write_text("0123456789abcdef0123456789abcdef\n")
+    key_file.chmod(mode)
+    return key_file
+
+
 def _journal(log_dir: pathlib.Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (log_dir / "ft_launcher_events.jsonl").open()]
 
@@ -73,9 +81,7 @@ def _journal(log_dir: pathlib.Path) -> list[dict[str, Any]]:
 def test_forged_decisions_do_not_steer_a_job_with_a_key(
     start_launcher: Start, tmp_path: pathlib.Path
 ) -> None:
-    key_file = tmp_path / "job.key"
-    key_file.write_text("0123456789abcdef0123456789abcdef\n")
-    key_file.chmod(0o600)
+    key_file = _key_file(tmp_path, 0o600)
     port = free_port()
     log_dir = tmp_path / "logs"
     launcher = start_launcher(
@@ -130,9 +136,7 @@ def test_without_a_key_garbage_is_ignored_and_the_launcher_warns(
 def test_a_key_file_others_can_read_is_refused(
     start_launcher: Start, tmp_path: pathlib.Path
 ) -> None:
-    key_file = tmp_path / "job.key"
-    key_file.write_text("0123456789abcdef0123456789abcdef\n")
-    key_file.chmod(0o644)
+    key_file = _key_file(tmp_path, 0o644)
     launcher = start_launcher(
         ["--standalone", "--nproc-per-node", "1"],
         ["--steps", "2"],
@@ -149,9 +153,7 @@ def test_a_forged_run_nonce_record_is_journalled_and_replaced(
 ) -> None:
     # The store is this test's (as an external store or etcd would be), so the forged
     # record is there before the launcher's first read of it.
-    key_file = tmp_path / "job.key"
-    key_file.write_text("0123456789abcdef0123456789abcdef\n")
-    key_file.chmod(0o600)
+    key_file = _key_file(tmp_path, 0o600)
     port = free_port()
     store = TCPStore(
         "127.0.0.1", port, is_master=True, wait_for_workers=False,
