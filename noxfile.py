@@ -62,15 +62,15 @@ IMPORT_NAMES = {
     "nvrx-straggler": "nvrx.straggler",
     "nvrx-ptl": "nvrx.ptl",
 }
-#: The suites of real ft_launcher runs mostly wait (rendezvous, timeouts, restarts), so
-#: two pytest-xdist workers run them in about 2/3 of the time (on 2026-12-01, 2 cores:
-#: launcher 434 -> 298 s, integration 460 -> 290 s). ``-n 0`` in the session's
-#: arguments runs them serially (integration: ``-- -n 0 tests-integration``). Work
-#: stealing: their tests last from 0.1 s to 2 min, and a worker that ends its share early
-#: takes tests from the other instead of waiting for the last long one.
+#: Every suite mostly waits (real monitors, ranks and launchers: rendezvous, timeouts,
+#: restarts), so two pytest-xdist workers run it in about 2/3 of the time or less (on
+#: 2026-12-01, 2 cores: launcher 434 -> 298 s, integration 460 -> 290 s; on 2026-12-03
+#: see ``tests``). ``-n 0`` in the session's arguments runs one serially (integration:
+#: ``-- -n 0 tests-integration``). Work stealing: tests last from 0.1 s to 2 min, and a
+#: worker that ends its share early takes tests from the other instead of waiting for the
+#: last long one.
 PARALLEL_TESTS = ["-n", "2", "--dist", "worksteal"]
 XDIST = "pytest-xdist>=3.5"
-PARALLEL_PACKAGES = {"nvrx-ft-launcher"}
 # What every session that runs the whole stack needs beside the four packages.
 #: The lowest Lightning nvrx-ptl declares; nox -s ptl_lowest tests it in CI.
 LIGHTNING_LOWEST = "lightning==2.4.*"
@@ -245,11 +245,10 @@ def ensure_etcd(session: nox.Session) -> dict[str, str]:
 @nox.parametrize("package", list(PACKAGES))
 def tests(session: nox.Session, package: str) -> None:
     """One package's tests, in a venv holding only it, its declared deps and test tools."""
-    install_packages(session, [*PACKAGES[package], package], *test_group(package))
+    install_packages(session, [*PACKAGES[package], package], *test_group(package), XDIST)
     env = ensure_etcd(session) if package == "nvrx-ft-launcher" else {}
     tests_dir = str(ROOT / "packages" / package / "tests")
-    parallel = PARALLEL_TESTS if package in PARALLEL_PACKAGES else []
-    args = [*pytest_args(session, tests_dir), "-m", "not gpu", *parallel, *session.posargs]
+    args = [*pytest_args(session, tests_dir), "-m", "not gpu", *PARALLEL_TESTS, *session.posargs]
     if package != "nvrx-straggler":
         session.run(*args, env=env)
         return
@@ -262,11 +261,13 @@ def tests(session: nox.Session, package: str) -> None:
 def ptl_lowest(session: nox.Session) -> None:
     """nvrx-ptl's tests on the lowest Lightning it declares (the newest runs in tests)."""
     lowest = [LIGHTNING_LOWEST, LIGHTNING_LOWEST.replace("lightning", "pytorch-lightning", 1)]
-    install_packages(session, [*PACKAGES["nvrx-ptl"], "nvrx-ptl"], *test_group("nvrx-ptl"), *lowest)
+    extras = [*test_group("nvrx-ptl"), *lowest, XDIST]
+    install_packages(session, [*PACKAGES["nvrx-ptl"], "nvrx-ptl"], *extras)
     tests_dir = str(ROOT / "packages" / "nvrx-ptl" / "tests")
     # The slow tests (real subprocess fits, ft_launcher runs) ran on 2.4 when the floor
     # was set (2026-12-03: 18 passed); CI keeps to the fast ones to stay within its time.
-    session.run(*pytest_args(session, tests_dir), "-m", "not gpu and not slow", *session.posargs)
+    marks = "not gpu and not slow"
+    session.run(*pytest_args(session, tests_dir), "-m", marks, *PARALLEL_TESTS, *session.posargs)
 
 
 @nox.session
