@@ -12,6 +12,7 @@ from PyTorch's CPU wheel index rather than PyPI's CUDA build (see ``torch_index`
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import pathlib
@@ -31,8 +32,11 @@ nox.options.sessions = ["ci"]
 
 ROOT = pathlib.Path(__file__).resolve().parent
 TORCH_SPEC = os.environ.get("NVRX_TORCH_SPEC", "torch==2.13.0")
-#: pip byte-compiles all of torch's modules by default: over half of its install time
-#: here (47 s -> 20 s without); the modules a session imports compile when first imported.
+#: pip byte-compiles what it installs by default. Skipped where a venv imports torch once
+#: or twice (``build``): over half of torch's install time (47 s -> 20 s without). Not where
+#: tests start processes that import torch: with PYTHONDONTWRITEBYTECODE=1 (set on the CI
+#: machine) nothing compiled at import is kept, and every process compiled torch again
+#: (``import torch`` 2.5 -> 5.5 s of CPU, ``import lightning`` 5 -> 11.5 s, 2026-12-03).
 NO_COMPILE = "--no-compile"
 #: PyTorch's documented index for CPU-only wheels (``pip install torch --index-url ...``).
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
@@ -124,7 +128,11 @@ def torch_index(python: str, env: dict[str, str] | os._Environ[str] = os.environ
 
 def install_torch(session: nox.Session) -> str:
     """Install torch from ``NVRX_TORCH_SPEC`` and return a constraints file that pins it."""
-    session.install(NO_COMPILE, *torch_index_or_error(session, session_python(session)), TORCH_SPEC)
+    index = torch_index_or_error(session, session_python(session))
+    share_torch(session, session_python(session), index)
+    # torch itself is there already (shared): this installs its dependencies in the venv,
+    # byte-compiled (sympy: Lightning imports it).
+    session.install(*index, TORCH_SPEC)
     out = session.run(
         "python", "-c", "import torch; print(torch.__version__)", silent=True, log=False
     )
@@ -132,6 +140,37 @@ def install_torch(session: nox.Session) -> str:
     constraints = pathlib.Path(session.create_tmp()) / "constraints.txt"
     constraints.write_text(f"torch=={version}\n")
     return str(constraints)
+
+
+#: torch installed and byte-compiled once for all sessions (one folder per spec, index and
+#: interpreter), which each venv reads through a .pth file: the same torch every session
+#: installed, 20-25 s of unpacking each on an idle 2-core machine, over a minute when it
+#: is loaded. Its dependencies still go into each venv (``pip install torch`` there finds
+#: torch installed and adds them), as does everything else: each venv holds what it did.
+SHARED_TORCH = ROOT / ".nox" / "_shared-torch"
+_PYTHON_TAG = (
+    "import sys, sysconfig; print(sys.implementation.cache_tag, sysconfig.get_platform()); "
+    "print(sysconfig.get_path('purelib'))"
+)
+
+
+def share_torch(
+    session: nox.Session, python: str, index: list[str], *, external: bool = False
+) -> pathlib.Path:
+    """Make the shared torch importable for ``python`` (a venv's interpreter), unpacking it
+    into ``SHARED_TORCH`` the first time; returns its folder."""
+    lines = str(session.run(python, "-c", _PYTHON_TAG, silent=True, log=False, external=external))
+    tag, purelib = lines.strip().splitlines()[-2:]
+    key = hashlib.sha256(json.dumps([TORCH_SPEC, index, tag]).encode()).hexdigest()[:16]
+    folder = SHARED_TORCH / key
+    if not folder.is_dir():  # only a complete install is ever renamed to this name
+        partial = folder.with_name(f"{key}.partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        target = ["--no-deps", *index, "--target", str(partial), TORCH_SPEC]
+        session.run(python, "-m", "pip", "install", "-q", *target, external=external)
+        partial.rename(folder)
+    (pathlib.Path(purelib) / "_nvrx_shared_torch.pth").write_text(f"{folder}\n")
+    return folder
 
 
 def session_python(session: nox.Session) -> str:
@@ -309,6 +348,7 @@ def build(session: nox.Session) -> None:
     session.run(sys.executable, "-m", "venv", str(venv), external=True)
     python = str(venv / "bin" / "python")
     index = torch_index_or_error(session, python)
+    share_torch(session, python, index, external=True)
     install = [python, "-m", "pip", "install", "-q", NO_COMPILE, *index, TORCH_SPEC]
     session.run(*install, external=True)
     with_torch = installed_distributions(python)
