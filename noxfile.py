@@ -130,8 +130,7 @@ def install_torch(session: nox.Session) -> str:
     """Install torch from ``NVRX_TORCH_SPEC`` and return a constraints file that pins it."""
     index = torch_index_or_error(session, session_python(session))
     share_torch(session, session_python(session), index)
-    # torch itself is there already (shared): this installs its dependencies in the venv,
-    # byte-compiled (sympy: Lightning imports it).
+    # Satisfied by the shared folder; installs only what the venv needs newer (setuptools).
     session.install(*index, TORCH_SPEC)
     out = session.run(
         "python", "-c", "import torch; print(torch.__version__)", silent=True, log=False
@@ -142,11 +141,12 @@ def install_torch(session: nox.Session) -> str:
     return str(constraints)
 
 
-#: torch installed and byte-compiled once for all sessions (one folder per spec, index and
-#: interpreter), which each venv reads through a .pth file: the same torch every session
-#: installed, 20-25 s of unpacking each on an idle 2-core machine, over a minute when it
-#: is loaded. Its dependencies still go into each venv (``pip install torch`` there finds
-#: torch installed and adds them), as does everything else: each venv holds what it did.
+#: torch and its dependencies installed and byte-compiled once for all sessions (one folder
+#: per spec, index and interpreter), which each venv reads through a .pth file, after its
+#: own site-packages: the same torch every session installed, 20-25 s of unpacking each on
+#: an idle 2-core machine, over a minute when it is loaded. ``pip install torch`` in a venv
+#: then finds it installed; a package that needs another version of one of its
+#: dependencies (jinja2, typing-extensions...) gets it in the venv, which comes first.
 SHARED_TORCH = ROOT / ".nox" / "_shared-torch"
 _PYTHON_TAG = (
     "import sys, sysconfig; print(sys.implementation.cache_tag, sysconfig.get_platform()); "
@@ -166,7 +166,7 @@ def share_torch(
     if not folder.is_dir():  # only a complete install is ever renamed to this name
         partial = folder.with_name(f"{key}.partial")
         shutil.rmtree(partial, ignore_errors=True)
-        target = ["--no-deps", *index, "--target", str(partial), TORCH_SPEC]
+        target = [*index, "--target", str(partial), TORCH_SPEC]
         session.run(python, "-m", "pip", "install", "-q", *target, external=external)
         partial.rename(folder)
     (pathlib.Path(purelib) / "_nvrx_shared_torch.pth").write_text(f"{folder}\n")
