@@ -66,15 +66,19 @@ IMPORT_NAMES = {
     "nvrx-straggler": "nvrx.straggler",
     "nvrx-ptl": "nvrx.ptl",
 }
-#: Every suite mostly waits (real monitors, ranks and launchers: rendezvous, timeouts,
-#: restarts), so two pytest-xdist workers run it in about 2/3 of the time or less (on
-#: 2026-12-01, 2 cores: launcher 434 -> 298 s, integration 460 -> 290 s; on 2026-12-03
-#: see ``tests``). ``-n 0`` in the session's arguments runs one serially (integration:
+#: The suites mostly wait (real monitors, ranks and launchers: rendezvous, timeouts,
+#: restarts), so two pytest-xdist workers run them in about 2/3 of the time or less (on
+#: 2026-12-01, 2 cores: launcher 434 -> 298 s, integration 460 -> 290 s; 2026-12-03:
+#: ft-core 266 -> 156 s, ptl 269 -> 195-213 s, ptl's fast tests (ptl_lowest) 112 ->
+#: 81-89 s). ``-n 0`` in the session's arguments runs one serially (integration:
 #: ``-- -n 0 tests-integration``). Work stealing: tests last from 0.1 s to 2 min, and a
 #: worker that ends its share early takes tests from the other instead of waiting for the
 #: last long one.
 PARALLEL_TESTS = ["-n", "2", "--dist", "worksteal"]
 XDIST = "pytest-xdist>=3.5"
+#: nvrx-straggler's suite is short and busy (gloo ranks computing): two workers gained
+#: nothing (2026-12-03: C path 28.5 -> 26-28 s, Python path 24.7 -> 25-29 s).
+SERIAL_PACKAGES = {"nvrx-straggler"}
 # What every session that runs the whole stack needs beside the four packages.
 #: The lowest Lightning nvrx-ptl declares; nox -s ptl_lowest tests it in CI.
 LIGHTNING_LOWEST = "lightning==2.4.*"
@@ -284,10 +288,13 @@ def ensure_etcd(session: nox.Session) -> dict[str, str]:
 @nox.parametrize("package", list(PACKAGES))
 def tests(session: nox.Session, package: str) -> None:
     """One package's tests, in a venv holding only it, its declared deps and test tools."""
-    install_packages(session, [*PACKAGES[package], package], *test_group(package), XDIST)
+    serial = package in SERIAL_PACKAGES
+    tools = [*test_group(package), *([] if serial else [XDIST])]
+    install_packages(session, [*PACKAGES[package], package], *tools)
     env = ensure_etcd(session) if package == "nvrx-ft-launcher" else {}
     tests_dir = str(ROOT / "packages" / package / "tests")
-    args = [*pytest_args(session, tests_dir), "-m", "not gpu", *PARALLEL_TESTS, *session.posargs]
+    parallel = [] if serial else PARALLEL_TESTS
+    args = [*pytest_args(session, tests_dir), "-m", "not gpu", *parallel, *session.posargs]
     if package != "nvrx-straggler":
         session.run(*args, env=env)
         return
