@@ -12,6 +12,7 @@ from PyTorch's CPU wheel index rather than PyPI's CUDA build (see ``torch_index`
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import pathlib
@@ -31,8 +32,11 @@ nox.options.sessions = ["ci"]
 
 ROOT = pathlib.Path(__file__).resolve().parent
 TORCH_SPEC = os.environ.get("NVRX_TORCH_SPEC", "torch==2.13.0")
-#: pip byte-compiles all of torch's modules by default: over half of its install time
-#: here (47 s -> 20 s without); the modules a session imports compile when first imported.
+#: pip byte-compiles what it installs by default. Skipped where a venv imports torch once
+#: or twice (``build``): over half of torch's install time (47 s -> 20 s without). Not where
+#: tests start processes that import torch: with PYTHONDONTWRITEBYTECODE=1 (set on the CI
+#: machine) nothing compiled at import is kept, and every process compiled torch again
+#: (``import torch`` 2.5 -> 5.5 s of CPU, ``import lightning`` 5 -> 11.5 s, 2026-12-03).
 NO_COMPILE = "--no-compile"
 #: PyTorch's documented index for CPU-only wheels (``pip install torch --index-url ...``).
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
@@ -62,15 +66,19 @@ IMPORT_NAMES = {
     "nvrx-straggler": "nvrx.straggler",
     "nvrx-ptl": "nvrx.ptl",
 }
-#: The suites of real ft_launcher runs mostly wait (rendezvous, timeouts, restarts), so
-#: two pytest-xdist workers run them in about 2/3 of the time (on 2026-12-01, 2 cores:
-#: launcher 434 -> 298 s, integration 460 -> 290 s). ``-n 0`` in the session's
-#: arguments runs them serially (integration: ``-- -n 0 tests-integration``). Work
-#: stealing: their tests last from 0.1 s to 2 min, and a worker that ends its share early
-#: takes tests from the other instead of waiting for the last long one.
+#: The suites mostly wait (real monitors, ranks and launchers: rendezvous, timeouts,
+#: restarts), so two pytest-xdist workers run them in about 2/3 of the time or less (on
+#: 2026-12-01, 2 cores: launcher 434 -> 298 s, integration 460 -> 290 s; 2026-12-03:
+#: ft-core 266 -> 156 s, ptl 269 -> 195-213 s, ptl's fast tests (ptl_lowest) 112 ->
+#: 81-89 s). ``-n 0`` in the session's arguments runs one serially (integration:
+#: ``-- -n 0 tests-integration``). Work stealing: tests last from 0.1 s to 2 min, and a
+#: worker that ends its share early takes tests from the other instead of waiting for the
+#: last long one.
 PARALLEL_TESTS = ["-n", "2", "--dist", "worksteal"]
 XDIST = "pytest-xdist>=3.5"
-PARALLEL_PACKAGES = {"nvrx-ft-launcher"}
+#: nvrx-straggler's suite is short and busy (gloo ranks computing): two workers gained
+#: nothing (2026-12-03: C path 28.5 -> 26-28 s, Python path 24.7 -> 25-29 s).
+SERIAL_PACKAGES = {"nvrx-straggler"}
 # What every session that runs the whole stack needs beside the four packages.
 #: The lowest Lightning nvrx-ptl declares; nox -s ptl_lowest tests it in CI.
 LIGHTNING_LOWEST = "lightning==2.4.*"
@@ -124,7 +132,10 @@ def torch_index(python: str, env: dict[str, str] | os._Environ[str] = os.environ
 
 def install_torch(session: nox.Session) -> str:
     """Install torch from ``NVRX_TORCH_SPEC`` and return a constraints file that pins it."""
-    session.install(NO_COMPILE, *torch_index_or_error(session, session_python(session)), TORCH_SPEC)
+    index = torch_index_or_error(session, session_python(session))
+    share_torch(session, session_python(session), index)
+    # Satisfied by the shared folder; installs only what the venv needs newer (setuptools).
+    session.install(*index, TORCH_SPEC)
     out = session.run(
         "python", "-c", "import torch; print(torch.__version__)", silent=True, log=False
     )
@@ -132,6 +143,38 @@ def install_torch(session: nox.Session) -> str:
     constraints = pathlib.Path(session.create_tmp()) / "constraints.txt"
     constraints.write_text(f"torch=={version}\n")
     return str(constraints)
+
+
+#: torch and its dependencies installed and byte-compiled once for all sessions (one folder
+#: per spec, index and interpreter), which each venv reads through a .pth file, after its
+#: own site-packages: the same torch every session installed, 20-25 s of unpacking each on
+#: an idle 2-core machine, over a minute when it is loaded. ``pip install torch`` in a venv
+#: then finds it installed; a package that needs another version of one of its
+#: dependencies (jinja2, typing-extensions...) gets it in the venv, which comes first.
+SHARED_TORCH = ROOT / ".nox" / "_shared-torch"
+_PYTHON_TAG = (
+    "import sys, sysconfig; print(sys.implementation.cache_tag, sysconfig.get_platform()); "
+    "print(sysconfig.get_path('purelib'))"
+)
+
+
+def share_torch(
+    session: nox.Session, python: str, index: list[str], *, external: bool = False
+) -> pathlib.Path:
+    """Make the shared torch importable for ``python`` (a venv's interpreter), unpacking it
+    into ``SHARED_TORCH`` the first time; returns its folder."""
+    lines = str(session.run(python, "-c", _PYTHON_TAG, silent=True, log=False, external=external))
+    tag, purelib = lines.strip().splitlines()[-2:]
+    key = hashlib.sha256(json.dumps([TORCH_SPEC, index, tag]).encode()).hexdigest()[:16]
+    folder = SHARED_TORCH / key
+    if not folder.is_dir():  # only a complete install is ever renamed to this name
+        partial = folder.with_name(f"{key}.partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        target = [*index, "--target", str(partial), TORCH_SPEC]
+        session.run(python, "-m", "pip", "install", "-q", *target, external=external)
+        partial.rename(folder)
+    (pathlib.Path(purelib) / "_nvrx_shared_torch.pth").write_text(f"{folder}\n")
+    return folder
 
 
 def session_python(session: nox.Session) -> str:
@@ -245,10 +288,12 @@ def ensure_etcd(session: nox.Session) -> dict[str, str]:
 @nox.parametrize("package", list(PACKAGES))
 def tests(session: nox.Session, package: str) -> None:
     """One package's tests, in a venv holding only it, its declared deps and test tools."""
-    install_packages(session, [*PACKAGES[package], package], *test_group(package))
+    serial = package in SERIAL_PACKAGES
+    tools = [*test_group(package), *([] if serial else [XDIST])]
+    install_packages(session, [*PACKAGES[package], package], *tools)
     env = ensure_etcd(session) if package == "nvrx-ft-launcher" else {}
     tests_dir = str(ROOT / "packages" / package / "tests")
-    parallel = PARALLEL_TESTS if package in PARALLEL_PACKAGES else []
+    parallel = [] if serial else PARALLEL_TESTS
     args = [*pytest_args(session, tests_dir), "-m", "not gpu", *parallel, *session.posargs]
     if package != "nvrx-straggler":
         session.run(*args, env=env)
@@ -262,11 +307,13 @@ def tests(session: nox.Session, package: str) -> None:
 def ptl_lowest(session: nox.Session) -> None:
     """nvrx-ptl's tests on the lowest Lightning it declares (the newest runs in tests)."""
     lowest = [LIGHTNING_LOWEST, LIGHTNING_LOWEST.replace("lightning", "pytorch-lightning", 1)]
-    install_packages(session, [*PACKAGES["nvrx-ptl"], "nvrx-ptl"], *test_group("nvrx-ptl"), *lowest)
+    extras = [*test_group("nvrx-ptl"), *lowest, XDIST]
+    install_packages(session, [*PACKAGES["nvrx-ptl"], "nvrx-ptl"], *extras)
     tests_dir = str(ROOT / "packages" / "nvrx-ptl" / "tests")
     # The slow tests (real subprocess fits, ft_launcher runs) ran on 2.4 when the floor
     # was set (2026-12-03: 18 passed); CI keeps to the fast ones to stay within its time.
-    session.run(*pytest_args(session, tests_dir), "-m", "not gpu and not slow", *session.posargs)
+    marks = "not gpu and not slow"
+    session.run(*pytest_args(session, tests_dir), "-m", marks, *PARALLEL_TESTS, *session.posargs)
 
 
 @nox.session
@@ -308,6 +355,7 @@ def build(session: nox.Session) -> None:
     session.run(sys.executable, "-m", "venv", str(venv), external=True)
     python = str(venv / "bin" / "python")
     index = torch_index_or_error(session, python)
+    share_torch(session, python, index, external=True)
     install = [python, "-m", "pip", "install", "-q", NO_COMPILE, *index, TORCH_SPEC]
     session.run(*install, external=True)
     with_torch = installed_distributions(python)

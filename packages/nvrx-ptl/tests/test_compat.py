@@ -218,6 +218,8 @@ def test_unreachable_monitor_is_a_rank_monitor_client_error(
     from .conftest import tiny_fit
 
     monkeypatch.setenv("NVRX_FT_MONITOR_SOCKET", str(tmp_path / "no-monitor.sock"))
+    # The client waits 5 s for a (re)starting monitor before it gives up; 0.2 s does here.
+    monkeypatch.setattr("nvrx.ft.client._CONNECT_RETRY_S", 0.2)
     for callback in (
         FaultToleranceCallback(autoresume=False, calculate_timeouts=True),
         FaultToleranceSectionsCallback(autoresume=False, calculate_timeouts=True),

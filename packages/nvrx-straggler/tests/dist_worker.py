@@ -101,9 +101,12 @@ def scenario_slow_rank(rank: int, world: int, p: dict[str, Any]) -> dict[str, An
     # Window 1: everybody equally fast (sets the individual baselines).
     # Window 2: the slow rank sleeps 4x as long and its kernels take 4x as long.
     # Window 3: same as 2, no new names: steady state.
+    # A fast step sleeps 50 ms: a rank is a section straggler once its step lasts 4/3 of
+    # the fastest one's, and four ranks on a loaded 2-core machine (two tests at a time)
+    # were late by more than a third of a 10 ms step.
     for w in range(3):
         factor = 4.0 if (w > 0 and rank == slow) else 1.0
-        window(det, timer, steps=4, sleep_s=0.01 * factor, kernel_scale=factor, kernel_names=names)
+        window(det, timer, steps=4, sleep_s=0.05 * factor, kernel_scale=factor, kernel_names=names)
         before = counter.total()
         calls_before = det.reporter.comm.calls
         report = det.generate_report()
