@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import shutil
 import socket
 
 import pytest
@@ -75,7 +76,7 @@ def test_a_directory_others_can_write_is_refused(
 
 
 def test_a_slow_answer_is_waited_for_until_the_fetch_times_out(
-    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # On a loaded host a rank's server may answer after the monitor's stack-dump pause;
     # the monitor then waits out the fetch's own timeout rather than drop the evidence.
@@ -84,7 +85,8 @@ def test_a_slow_answer_is_waited_for_until_the_fetch_times_out(
     import threading
     import time
 
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    short = tempfile.mkdtemp(prefix="fr-", dir="/tmp")  # AF_UNIX paths are short
+    monkeypatch.setattr(tempfile, "tempdir", short)
     pid = 2**22 + 4321  # no such process: only the socket path matters
     path = trace_socket_path(pid)
     os.makedirs(os.path.dirname(path), mode=0o700)
@@ -122,3 +124,4 @@ def test_a_slow_answer_is_waited_for_until_the_fetch_times_out(
     finally:
         listener.close()
         server.join(5.0)
+        shutil.rmtree(short, ignore_errors=True)
