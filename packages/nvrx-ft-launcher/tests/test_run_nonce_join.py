@@ -40,7 +40,13 @@ def test_a_node_joining_a_running_job_adopts_its_nonce(
     script = ["--steps", "300", "--step-time", "0.05", "--no-checkpoint"]
     conf = "last_call_timeout=1,is_host="
     first = start_launcher([*common, "--rdzv-conf", conf + "1"], script, name="node0", env=env)
-    wait_for(lambda: "starting 1 worker" in first.log(), what="the first node to start")
+    # Its rank trains (world 1) before the second node comes: with a fast start the join
+    # could otherwise restart cycle 0 before its rank logged a step.
+    wait_for(
+        lambda: any(e["event"] == "start" for e in read_events(first.out)),
+        timeout=120,
+        what="the first node's rank to start training",
+    )
     second = start_launcher([*common, "--rdzv-conf", conf + "0"], script, name="node1", env=env)
     assert second.wait(200) == ExitCode.SUCCESS, first.log() + second.log()
     assert first.wait(60) == ExitCode.SUCCESS, first.log() + second.log()
